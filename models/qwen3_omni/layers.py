@@ -1,0 +1,217 @@
+"""Building blocks shared by the thinker, talker, code predictor and Code2Wav.
+
+Parameter names follow the checkpoint's, except fused ones: `qkv` (q, k, v rows stacked),
+`gate_up` (gate rows, then up rows) and the stacked experts `w13` [E, 2I, H] / `w2` [E, H, I].
+models/qwen3_omni/weights.py maps checkpoint names onto these.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Rope(nn.Module):
+    """Rotary embedding; with `mrope_section`, interleaved multimodal rope over (t, h, w) positions.
+
+    Positions are [B, T] (1-D) or [3, B, T]. For text and audio the three rows are equal, and the
+    interleaved layout then reduces to the plain 1-D rope.
+    """
+
+    def __init__(self, head_dim: int, theta: float, mrope_section: tuple[int, ...] = ()) -> None:
+        super().__init__()
+        self.head_dim, self.theta, self.mrope_section = head_dim, theta, mrope_section
+        self._inv_freq: dict[torch.device, torch.Tensor] = {}
+
+    def inv_freq(self, device: torch.device) -> torch.Tensor:
+        if device not in self._inv_freq:
+            exps = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim
+            self._inv_freq[device] = 1.0 / (self.theta**exps)
+        return self._inv_freq[device]
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns cos, sin of shape [B, T, head_dim]."""
+        inv = self.inv_freq(positions.device)
+        if positions.dim() == 2:
+            freqs = positions[..., None].float() * inv
+        else:
+            per_axis = positions[..., None].float() * inv  # [3, B, T, D/2]
+            freqs = per_axis[0].clone()
+            for axis in (1, 2):
+                idx = slice(axis, self.mrope_section[axis] * 3, 3)
+                freqs[..., idx] = per_axis[axis, ..., idx]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, T, H, D]; cos/sin: [B, T, D]."""
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, past: int = 0, window: int | None = None
+) -> torch.Tensor:
+    """Causal attention of T new queries over past + new keys.
+
+    q: [B, T, Hq, D]; k, v: [B, L, Hkv, D] with L = past + T. Query i sits at position past + i and sees
+    keys j <= past + i (and j > past + i - window when a sliding window is set). Returns [B, T, Hq, D].
+    """
+    t, n = q.shape[1], k.shape[1]
+    qi = torch.arange(t, device=q.device)[:, None] + past
+    kj = torch.arange(n, device=q.device)[None, :]
+    mask = kj <= qi
+    if window is not None:
+        mask &= kj > qi - window
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale,
+        enable_gqa=q.shape[2] != k.shape[2],
+    )
+    return out.transpose(1, 2)
+
+
+class KVCache(Protocol):
+    """What an attention layer needs from a cache. The runtime supplies a paged implementation."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        """Store k, v [B, T, Hkv, D] for `layer` after what is cached, attend q over all of it causally."""
+        ...
+
+
+class DenseKVCache:
+    """Contiguous per-layer cache for a batch whose rows share one length (tests, one stream)."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.k: list[torch.Tensor | None] = [None] * num_layers
+        self.v: list[torch.Tensor | None] = [None] * num_layers
+
+    def length(self, layer: int = 0) -> int:
+        k = self.k[layer]
+        return 0 if k is None else k.shape[1]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        past = self.length(layer)
+        if past:
+            k = torch.cat((self.k[layer], k), dim=1)
+            v = torch.cat((self.v[layer], v), dim=1)
+        self.k[layer], self.v[layer] = k, v
+        return attention(q, k, v, scale, past)
+
+    def truncate(self, length: int) -> None:
+        for i, k in enumerate(self.k):
+            if k is not None:
+                self.k[i], self.v[i] = k[:, :length], self.v[i][:, :length]
+
+
+class SelfAttention(nn.Module):
+    """GQA self-attention with fused qkv, optional per-head QK RMSNorm, rope."""
+
+    def __init__(
+        self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, qk_norm: bool, bias: bool = False
+    ) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.qkv = nn.Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
+        self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
+        self.scale = head_dim**-0.5
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, cache: KVCache | None
+    ) -> torch.Tensor:
+        b, t, _ = x.shape
+        d = self.head_dim
+        q, k, v = self.qkv(x).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
+        q, k, v = q.view(b, t, -1, d), k.view(b, t, -1, d), v.view(b, t, -1, d)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = attention(q, k, v, self.scale) if cache is None else cache.attend(layer, q, k, v, self.scale)
+        return self.o_proj(out.reshape(b, t, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class Experts(nn.Module):
+    """Stacked SwiGLU experts. Tokens are grouped by expert so each expert runs one matmul."""
+
+    def __init__(self, num: int, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.w13 = nn.Parameter(torch.empty(num, 2 * intermediate, hidden))
+        self.w2 = nn.Parameter(torch.empty(num, hidden, intermediate))
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x: [N, H]; idx, weights: [N, K]. Returns the weighted sum of each token's K experts."""
+        n, k = idx.shape
+        flat = idx.reshape(-1)
+        order = flat.argsort(stable=True)
+        token = order // k
+        counts = torch.bincount(flat, minlength=self.w13.shape[0]).tolist()
+        out = torch.zeros_like(x)
+        start = 0
+        for e, c in enumerate(counts):
+            if c == 0:
+                continue
+            sel = order[start : start + c]
+            rows = token[start : start + c]
+            gate, up = F.linear(x[rows], self.w13[e]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.w2[e])
+            out.index_add_(0, rows, y * weights.reshape(-1)[sel, None].to(y.dtype))
+            start += c
+        return out
+
+
+class MoE(nn.Module):
+    """Top-k routed experts (softmax over all experts, optional renormalised top-k), optional shared
+    expert scaled by a sigmoid gate (the talker's)."""
+
+    def __init__(
+        self, hidden: int, num_experts: int, top_k: int, intermediate: int, norm_topk: bool, shared: int = 0
+    ) -> None:
+        super().__init__()
+        self.top_k, self.norm_topk = top_k, norm_topk
+        self.gate = nn.Linear(hidden, num_experts, bias=False)
+        self.experts = Experts(num_experts, hidden, intermediate)
+        self.shared_expert = SwiGLU(hidden, shared) if shared else None
+        self.shared_expert_gate = nn.Linear(hidden, 1, bias=False) if shared else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
+        weights, idx = probs.topk(self.top_k, dim=-1)
+        if self.norm_topk:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = self.experts(x, idx, weights.to(x.dtype))
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out.reshape(shape)

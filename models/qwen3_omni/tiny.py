@@ -1,0 +1,94 @@
+"""Tiny Qwen3-Omni configs: the real structure and special ids, small sizes.
+
+`tiny_config("a")` backs `--model tiny`; "b" differs in every count (layers, heads, experts, windows)
+so that tests are not fitted to one shape.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import torch
+
+FULL_CONFIG = Path(__file__).parent / "configs" / "qwen3_omni_30b_a3b.json"
+
+_SIZES = {
+    "a": dict(
+        audio=dict(encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=64, d_model=32,
+                   downsample_hidden_size=16, output_dim=64),
+        text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+                  moe_intermediate_size=32),
+        text_mrope=[4, 2, 2],
+        talker=dict(thinker_hidden_size=64, accept_hidden_layer=2),
+        talker_text=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8, num_experts=8, num_experts_per_tok=2,
+                         moe_intermediate_size=16, shared_expert_intermediate_size=32),
+        talker_mrope=[2, 1, 1],
+        predictor=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=8),
+        code2wav=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                      intermediate_size=64, decoder_dim=64),
+    ),
+    "b": dict(
+        audio=dict(encoder_layers=3, encoder_attention_heads=4, encoder_ffn_dim=96, d_model=48,
+                   downsample_hidden_size=8, output_dim=96),
+        text=dict(hidden_size=96, intermediate_size=64, num_hidden_layers=3, num_attention_heads=6,
+                  num_key_value_heads=3, head_dim=8, num_experts=16, num_experts_per_tok=4,
+                  moe_intermediate_size=24),
+        text_mrope=[2, 1, 1],
+        talker=dict(thinker_hidden_size=96, accept_hidden_layer=1),
+        talker_text=dict(hidden_size=48, intermediate_size=32, num_hidden_layers=3, num_attention_heads=6,
+                         num_key_value_heads=2, head_dim=8, num_experts=6, num_experts_per_tok=3,
+                         moe_intermediate_size=24, shared_expert_intermediate_size=40),
+        talker_mrope=[2, 1, 1],
+        predictor=dict(hidden_size=40, intermediate_size=48, num_hidden_layers=2, num_attention_heads=5,
+                       num_key_value_heads=1, head_dim=8),
+        code2wav=dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                      intermediate_size=40, decoder_dim=48, sliding_window=3),
+    ),
+}
+
+_VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+               deepstack_visual_indexes=[0], num_position_embeddings=64)
+
+
+def tiny_config(variant: str = "a") -> dict:
+    """A config.json dict (transformers-5 form) for a tiny model."""
+    if variant not in _SIZES:
+        raise ValueError(f"unknown tiny variant '{variant}'; have {sorted(_SIZES)}")
+    s = _SIZES[variant]
+    c = copy.deepcopy(json.loads(FULL_CONFIG.read_text()))
+    th, tk = c["thinker_config"], c["talker_config"]
+    th["audio_config"].update(s["audio"])
+    th["vision_config"].update(_VISION, out_hidden_size=s["text"]["hidden_size"])
+    th["text_config"].update(s["text"])
+    th["text_config"]["rope_parameters"]["mrope_section"] = s["text_mrope"]
+    tk.update(s["talker"])
+    tk["text_config"].update(s["talker_text"])
+    tk["text_config"]["rope_parameters"]["mrope_section"] = s["talker_mrope"]
+    tk["code_predictor_config"].update(s["predictor"])
+    c["code2wav_config"].update(s["code2wav"])
+    return c
+
+
+def random_weights_(model: torch.nn.Module, seed: int = 0) -> None:
+    """Seeded random weights of a healthy scale, every parameter touched (norms and scales near 1,
+    biases and snake log-scales small, matrices ~ 1/sqrt(fan_in)). Works on ours and on transformers'."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if p.dim() >= 2:
+                fan_in = p.shape[-1] if ".experts." in f".{name}" else p[0].numel()
+                value = torch.randn(p.shape, generator=g) / math.sqrt(max(1, fan_in))
+            elif leaf in ("alpha", "beta"):
+                value = torch.randn(p.shape, generator=g) * 0.1
+            elif leaf == "bias":
+                value = torch.randn(p.shape, generator=g) * 0.02
+            else:
+                value = 1.0 + 0.1 * torch.randn(p.shape, generator=g)
+            p.copy_(value.to(p.dtype))

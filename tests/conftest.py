@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny random transformers Qwen3-Omni models saved with save_pretrained.
+
+The reference model is built once per variant and session, given random weights of a healthy scale
+(every norm and scale weight too, so a missed weight shows), and saved where our loader reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.qwen3_omni.tiny import random_weights_, tiny_config
+
+
+@dataclass
+class HFTiny:
+    variant: str
+    path: Path
+    model: object  # transformers Qwen3OmniMoeForConditionalGeneration, float32, eval
+
+
+def build_hf_tiny(variant: str, path: Path, seed: int = 0) -> HFTiny:
+    from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
+
+    torch.manual_seed(seed)
+    cfg = Qwen3OmniMoeConfig(**tiny_config(variant))
+    model = Qwen3OmniMoeForConditionalGeneration(cfg).float().eval()
+    random_weights_(model, seed)
+    model.save_pretrained(path)
+    return HFTiny(variant, path, model)
+
+
+@pytest.fixture(scope="session", params=["a", "b"])
+def hf_tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> HFTiny:
+    """Both tiny variants, one after the other."""
+    return build_hf_tiny(request.param, tmp_path_factory.mktemp(f"hf_tiny_{request.param}"))
+
+
+@pytest.fixture(scope="session")
+def hf_tiny_a(tmp_path_factory: pytest.TempPathFactory) -> HFTiny:
+    return build_hf_tiny("a", tmp_path_factory.mktemp("hf_tiny_a_only"))
