@@ -1,0 +1,158 @@
+"""Paged KV cache: fixed-size blocks in one preallocated pool per layer, a block table per sequence.
+
+A sequence (one session's conversation, or one turn of a talker) owns a list of blocks; its token i
+lives in slot `blocks[i // block_size] * block_size + i % block_size`. Blocks come back on release,
+truncate (rollback) and eviction. `check()` verifies that every block is free or owned exactly once.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+
+class OutOfBlocks(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    num_blocks: int
+    block_size: int = 16
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 1 or self.block_size < 1:
+            raise ValueError("KV cache needs at least one block of at least one slot")
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    @property
+    def bytes_per_block(self) -> int:
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.kv_heads * self.head_dim * itemsize
+
+
+@dataclass
+class SeqBlocks:
+    blocks: list[int] = field(default_factory=list)
+    length: int = 0  # tokens whose K/V are written
+
+
+class PagedKVCache:
+    def __init__(self, layout: KVLayout) -> None:
+        self.layout = layout
+        shape = (layout.num_layers, layout.num_blocks * layout.block_size, layout.kv_heads, layout.head_dim)
+        self.k = torch.zeros(shape, dtype=layout.dtype, device=layout.device)
+        self.v = torch.zeros(shape, dtype=layout.dtype, device=layout.device)
+        self.free: list[int] = list(range(layout.num_blocks - 1, -1, -1))
+        self.seqs: OrderedDict[str, SeqBlocks] = OrderedDict()  # least recently used first
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def length(self, seq: str) -> int:
+        s = self.seqs.get(seq)
+        return 0 if s is None else s.length
+
+    def has(self, seq: str) -> bool:
+        return seq in self.seqs
+
+    def blocks_needed(self, seq: str, new_tokens: int) -> int:
+        s = self.seqs.get(seq, SeqBlocks())
+        return max(0, self.layout.blocks_for(s.length + new_tokens) - len(s.blocks))
+
+    def reserve(self, seq: str, new_tokens: int) -> None:
+        """Make room for `new_tokens` more tokens of `seq`; raises OutOfBlocks, allocating nothing."""
+        need = self.blocks_needed(seq, new_tokens)
+        if need > len(self.free):
+            raise OutOfBlocks(f"{seq} needs {need} blocks, {len(self.free)} free")
+        s = self.seqs.setdefault(seq, SeqBlocks())
+        self.seqs.move_to_end(seq)
+        s.blocks.extend(self.free.pop() for _ in range(need))
+
+    def commit(self, seq: str, new_tokens: int) -> None:
+        s = self.seqs[seq]
+        if s.length + new_tokens > len(s.blocks) * self.layout.block_size:
+            raise RuntimeError(f"{seq}: commit past reserved blocks")
+        s.length += new_tokens
+
+    def truncate(self, seq: str, length: int) -> None:
+        """Roll `seq` back to its first `length` tokens, freeing blocks past them."""
+        s = self.seqs.get(seq)
+        if s is None:
+            return
+        s.length = min(s.length, length)
+        keep = self.layout.blocks_for(s.length)
+        self.free.extend(reversed(s.blocks[keep:]))
+        del s.blocks[keep:]
+
+    def release(self, seq: str) -> None:
+        s = self.seqs.pop(seq, None)
+        if s is not None:
+            self.free.extend(reversed(s.blocks))
+
+    def lru(self, exclude: set[str]) -> list[str]:
+        return [k for k in self.seqs if k not in exclude]
+
+    def check(self) -> None:
+        """Integrity: each block is either free or in exactly one table; lengths fit their blocks."""
+        owned = [b for s in self.seqs.values() for b in s.blocks]
+        everything = owned + self.free
+        if sorted(everything) != list(range(self.layout.num_blocks)):
+            raise AssertionError(f"KV block accounting broken: {len(owned)} owned + {len(self.free)} free")
+        for name, s in self.seqs.items():
+            if s.length > len(s.blocks) * self.layout.block_size:
+                raise AssertionError(f"{name}: length {s.length} exceeds its {len(s.blocks)} blocks")
+
+    def slots(self, seq: str, start: int, end: int) -> torch.Tensor:
+        blocks = torch.tensor(self.seqs[seq].blocks, dtype=torch.long)
+        pos = torch.arange(start, end)
+        return blocks[pos // self.layout.block_size] * self.layout.block_size + pos % self.layout.block_size
+
+    def batch(self, rows: list[tuple[str, int]]) -> BatchKV:
+        """A view for one forward over `rows` = [(seq, new_tokens)], each after its cached tokens."""
+        return BatchKV(self, rows)
+
+
+class BatchKV:
+    """Implements models' KVCache protocol for a padded batch: row r has past_r cached tokens and n_r
+    new ones (padded to the longest). Index tensors are built once on the host per step."""
+
+    def __init__(self, cache: PagedKVCache, rows: list[tuple[str, int]]) -> None:
+        self.cache = cache
+        dev = cache.layout.device
+        past = [cache.length(s) for s, _ in rows]
+        new = [n for _, n in rows]
+        t, total = max(new), max(p + n for p, n in zip(past, new, strict=True))
+        self.write_slots = torch.cat([cache.slots(s, p, p + n) for (s, n), p in zip(rows, past, strict=True)]).to(dev)
+        qpos = torch.arange(t)
+        self.new_valid = (qpos[None, :] < torch.tensor(new)[:, None]).to(dev)  # [B, T]
+        read = torch.zeros(len(rows), total, dtype=torch.long)
+        for r, ((s, n), p) in enumerate(zip(rows, past, strict=True)):
+            read[r, : p + n] = cache.slots(s, 0, p + n)
+        self.read_slots = read.to(dev)
+        kpos = torch.arange(total)[None, None, :]
+        query_at = torch.tensor(past)[:, None, None] + qpos[None, :, None]
+        lengths = torch.tensor([p + n for p, n in zip(past, new, strict=True)])[:, None, None]
+        self.mask = ((kpos <= query_at) & (kpos < lengths))[:, None].to(dev)  # [B, 1, T, L]
+        self.positions = (torch.tensor(past)[:, None] + qpos[None, :]).to(dev)  # [B, T]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        kc, vc = self.cache.k[layer], self.cache.v[layer]
+        kc[self.write_slots] = k[self.new_valid].to(kc.dtype)
+        vc[self.write_slots] = v[self.new_valid].to(vc.dtype)
+        keys, values = kc[self.read_slots].to(q.dtype), vc[self.read_slots].to(q.dtype)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=self.mask, scale=scale,
+            enable_gqa=q.shape[2] != keys.shape[2],
+        )
+        return out.transpose(1, 2)

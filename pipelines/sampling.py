@@ -1,0 +1,97 @@
+"""Batched token sampling on the device, without host syncs.
+
+Each row has its own parameters and seed. Randomness is counter based (seed, step, token index hashed
+to a uniform), and a token is drawn by the Gumbel-max rule, so a row's draw does not depend on which
+other rows share the batch: batched and one-by-one runs sample the same tokens.
+Processing order follows the reference: repetition penalty, suppressed ids, temperature, top-k, top-p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    greedy: bool = False
+    temperature: float = 1.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0 and not self.greedy:
+            raise ValueError("temperature must be > 0 (use greedy=True for argmax)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k < 0 or self.repetition_penalty <= 0:
+            raise ValueError("top_k must be >= 0 and repetition_penalty > 0")
+
+
+_MASK32 = 0xFFFFFFFF
+
+
+def uniform(seed: torch.Tensor, step: torch.Tensor, n: int) -> torch.Tensor:
+    """[B, n] uniforms in (0, 1) from integer seeds and steps [B] (a small integer hash)."""
+    idx = torch.arange(n, device=seed.device, dtype=torch.long)
+    x = (seed[:, None] * 0x9E3779B1 + step[:, None] * 0x7FEB352D + idx[None, :] * 0x2C1B3C6D) & _MASK32
+    for _ in range(3):
+        x = ((x ^ (x >> 16)) * 0x45D9F3B) & _MASK32
+    return ((x >> 8).float() + 0.5) / float(1 << 24)
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """seen: [B, V] bool; penalty: [B]. Seen logits > 0 are divided by it, others multiplied."""
+    p = penalty[:, None].to(logits.dtype)
+    scaled = torch.where(logits > 0, logits / p, logits * p)
+    return torch.where(seen, scaled, logits)
+
+
+def top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask (-inf) all but each row's top_k (0: all) and its top_p nucleus (keeping at least one)."""
+    v = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    rank = torch.arange(v, device=logits.device)[None, :]
+    k = torch.where(top_k > 0, top_k, v)[:, None]
+    drop = rank >= k
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop |= (mass_before >= top_p[:, None]) & (rank > 0)
+    return logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+
+
+class Sampler:
+    """Per-row parameters packed once per batch composition; `__call__` is pure tensor work."""
+
+    def __init__(self, params: list[SamplingParams], device: torch.device | str) -> None:
+        f = lambda xs, dt: torch.tensor(xs, dtype=dt, device=device)  # noqa: E731
+        self.greedy = f([p.greedy for p in params], torch.bool)
+        self.temperature = f([p.temperature if not p.greedy else 1.0 for p in params], torch.float32)
+        self.top_k = f([p.top_k for p in params], torch.long)
+        self.top_p = f([p.top_p for p in params], torch.float32)
+        self.penalty = f([p.repetition_penalty for p in params], torch.float32)
+        self.seed = f([p.seed for p in params], torch.long)
+        self.any_penalty = any(p.repetition_penalty != 1.0 for p in params)
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        step: torch.Tensor,
+        seen: torch.Tensor | None = None,
+        suppress: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """logits [B, V] -> ids [B]. step [B]: the row's sampling counter; suppress: [V] bool."""
+        logits = logits.float()
+        if seen is not None and self.any_penalty:
+            logits = apply_repetition_penalty(logits, seen, self.penalty)
+        if suppress is not None:
+            logits = logits.masked_fill(suppress[None, :], float("-inf"))
+        greedy_ids = logits.argmax(dim=-1)
+        scaled = top_k_top_p(logits / self.temperature[:, None], self.top_k, self.top_p)
+        gumbel = -torch.log(-torch.log(uniform(self.seed, step, logits.shape[-1])))
+        sampled = (scaled + gumbel).argmax(dim=-1)
+        return torch.where(self.greedy, greedy_ids, sampled)
