@@ -1,0 +1,115 @@
+"""The Qwen chat template rendered straight to token ids, audio placeholders expanded in place.
+
+Text between special tokens is encoded as one piece, exactly as the reference tokenizer splits a rendered
+template string at its added tokens, so the ids equal those of tokenizing the full template text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from models.qwen3_omni.tokenizer import Tokenizer
+
+Role = Literal["system", "user", "assistant"]
+ROLES: tuple[str, ...] = ("system", "user", "assistant")
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+AUDIO_START, AUDIO_PAD, AUDIO_END = "<|audio_start|>", "<|audio_pad|>", "<|audio_end|>"
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One message. A user turn may carry `audio_tokens` placeholders, rendered before its text."""
+
+    role: Role
+    text: str = ""
+    audio_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {self.role!r}")
+        if self.audio_tokens < 0:
+            raise ValueError(f"audio_tokens must be >= 0, got {self.audio_tokens}")
+        if self.audio_tokens and self.role != "user":
+            raise ValueError(f"only user turns carry audio, got {self.audio_tokens} audio tokens on {self.role!r}")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """Token ids plus where the audio placeholders sit: (start, length) per audio turn, relative to `ids`."""
+
+    ids: tuple[int, ...]
+    audio_spans: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def audio_positions(self) -> list[int]:
+        return [p for start, n in self.audio_spans for p in range(start, start + n)]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __add__(self, other: Prompt) -> Prompt:
+        shifted = tuple((start + len(self.ids), n) for start, n in other.audio_spans)
+        return Prompt(self.ids + other.ids, self.audio_spans + shifted)
+
+
+class _Builder:
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.spans: list[tuple[int, int]] = []
+
+    def special(self, token: str) -> None:
+        self.ids.append(self.tokenizer.special_ids[token])
+
+    def text(self, text: str) -> None:
+        self.ids.extend(self.tokenizer.encode(text))
+
+    def audio(self, n: int) -> None:
+        self.special(AUDIO_START)
+        self.spans.append((len(self.ids), n))
+        self.ids.extend([self.tokenizer.special_ids[AUDIO_PAD]] * n)
+        self.special(AUDIO_END)
+
+    def turn(self, turn: Turn) -> None:
+        self.special(IM_START)
+        if turn.audio_tokens:
+            self.text(f"{turn.role}\n")
+            self.audio(turn.audio_tokens)
+            self.text(turn.text)
+        else:
+            self.text(f"{turn.role}\n{turn.text}")
+        self.special(IM_END)
+        self.text("\n")
+
+    def generation_prompt(self) -> None:
+        self.special(IM_START)
+        self.text("assistant\n")
+
+    def prompt(self) -> Prompt:
+        return Prompt(tuple(self.ids), tuple(self.spans))
+
+
+def render(tokenizer: Tokenizer, turns: Iterable[Turn], add_generation_prompt: bool = True) -> Prompt:
+    """A whole conversation; with `add_generation_prompt` it ends in "<|im_start|>assistant\\n"."""
+    out = _Builder(tokenizer)
+    for turn in turns:
+        out.turn(turn)
+    if add_generation_prompt:
+        out.generation_prompt()
+    return out.prompt()
+
+
+def render_continuation(tokenizer: Tokenizer, turns: Iterable[Turn], add_generation_prompt: bool = True) -> Prompt:
+    """The new part of a conversation whose cached prefix ends with a generated reply and its <|im_end|>.
+
+    render(history + [reply] + turns) == render(history) + reply ids + <|im_end|> + render_continuation(turns)
+    """
+    return Prompt(tuple(tokenizer.encode("\n"))) + render(tokenizer, turns, add_generation_prompt)
+
+
+def reply_ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    """A reply's text re-encoded, then <|im_end|>: what render() puts after "assistant\n", unless the text starts
+    with whitespace holding a newline (that would merge with the template's newline). Sampled ids may differ."""
+    return [*tokenizer.encode(text), tokenizer.special_ids[IM_END]]

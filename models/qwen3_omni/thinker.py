@@ -1,0 +1,147 @@
+"""The thinker: the MoE language model that reads text and audio tokens and writes the reply text.
+
+`ThinkerText` is the language model alone (`model.*`, `lm_head`); `Thinker` adds the audio encoder
+(`audio_tower.*`) so that one `load_weights(thinker, ckpt, prefix="thinker.")` fills everything the
+checkpoint has under `thinker.` (the vision tower is skipped by the loader).
+
+Positions. For text and audio prompts the reference's multimodal rope index is the plain token index
+0..T-1 on all three rows (its audio-only branch uses the attention-mask cumsum; even its vision branch
+would give audio one position per token, contiguous with the text around it), and its rope delta is 0,
+so cached decoding and later turns simply continue the count: a token's position is the number of
+tokens before it in the session. `text_positions` builds these.
+
+Captured hidden state. The talker reads `hidden_states[accept_hidden_layer]` of the thinker, where
+index 0 is the input embeddings (audio merged in), index k the output of decoder layer k-1, and the
+last index (k = num_hidden_layers) is tied to the final-norm output. `capture_layer` uses the same
+indexing.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .audio_encoder import AudioEncoder
+from .config import TextConfig, ThinkerConfig
+from .layers import KVCache, MoE, RMSNorm, Rope, SelfAttention, SwiGLU
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: qk-normed GQA attention, then a routed MoE (or dense SwiGLU) MLP."""
+
+    def __init__(self, cfg: TextConfig, index: int) -> None:
+        super().__init__()
+        self.index = index
+        h = cfg.hidden_size
+        self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.self_attn = SelfAttention(
+            h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps,
+            qk_norm=True, bias=cfg.attention_bias,
+        )
+        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.mlp: nn.Module
+        if cfg.is_moe_layer(index):
+            self.mlp = MoE(
+                h, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob,
+                shared=cfg.shared_expert_intermediate_size,
+            )
+        else:
+            self.mlp = SwiGLU(h, cfg.intermediate_size)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, self.index, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class TextModel(nn.Module):
+    """Embedding table, decoder layers and final norm (checkpoint names `embed_tokens`, `layers`, `norm`)."""
+
+    def __init__(self, cfg: TextConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None, capture_layer: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        n = len(self.layers)
+        if capture_layer is not None and not 0 <= capture_layer <= n:
+            raise ValueError(f"capture_layer {capture_layer} is outside 0..{n}")
+        cos, sin = self.rope(positions, x.dtype)
+        captured = x if capture_layer == 0 else None
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache)
+            if capture_layer == i + 1 and i + 1 < n:
+                captured = x
+        x = self.norm(x)
+        if capture_layer == n:
+            captured = x
+        return x, captured
+
+
+class ThinkerText(nn.Module):
+    """The thinker's language model: `model` (TextModel) and `lm_head`."""
+
+    def __init__(self, cfg: TextConfig) -> None:
+        super().__init__()
+        self.text_cfg = cfg
+        self.model = TextModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """[B, T] token ids -> [B, T, H] embeddings."""
+        return self.model.embed_tokens(ids)
+
+    def forward(
+        self,
+        input_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache | None = None,
+        capture_layer: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """input_embeds [B, T, H], positions [3, B, T] or [B, T]. With `cache`, the T tokens follow what
+        it holds. Returns (hidden after the final norm [B, T, H], hidden_states[capture_layer] or None)."""
+        return self.model(input_embeds, positions, cache, capture_layer)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+
+class Thinker(ThinkerText):
+    """The whole thinker checkpoint subtree: `audio_tower`, `model`, `lm_head`."""
+
+    def __init__(self, cfg: ThinkerConfig) -> None:
+        super().__init__(cfg.text)
+        self.cfg = cfg
+        self.audio_tower = AudioEncoder(cfg.audio)
+
+    def embed_prompt(self, ids: torch.Tensor, audio: torch.Tensor | None = None) -> torch.Tensor:
+        """Token embeddings of `ids` [B, T] with `audio` [N, H] (the encoder's output for every audio_pad
+        token, in reading order) placed at the audio_pad positions."""
+        x = self.embed(ids)
+        if audio is None:
+            return x
+        return merge_audio(x, ids, audio, self.cfg.audio_token_id)
+
+
+def merge_audio(embeds: torch.Tensor, ids: torch.Tensor, audio: torch.Tensor, audio_token_id: int) -> torch.Tensor:
+    """Replace the embeddings at `ids == audio_token_id` ([B, T]) by the rows of `audio` [N, H], taken in
+    row-major order (batch row 0 first). N must equal the number of audio_pad tokens (checked: one host
+    sync, prefill only)."""
+    mask = ids == audio_token_id
+    count = int(mask.sum())
+    if count != audio.shape[0]:
+        raise ValueError(f"{count} audio_pad tokens but {audio.shape[0]} audio embeddings")
+    return embeds.masked_scatter(mask[..., None], audio.to(embeds.dtype))
+
+
+def text_positions(
+    batch: int, length: int, start: int | torch.Tensor = 0, device: torch.device | None = None
+) -> torch.Tensor:
+    """mrope positions [3, B, T] for `length` text/audio tokens that follow `start` earlier tokens of the
+    session (an int, or a [B] tensor when rows have different histories): start..start+T-1 on all rows."""
+    offset = torch.as_tensor(start, device=device).reshape(-1, 1)
+    pos = torch.arange(length, device=offset.device)[None, :] + offset
+    return pos.expand(batch, length)[None].expand(3, batch, length)
