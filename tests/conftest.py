@@ -14,6 +14,9 @@ import torch
 
 from models.qwen3_omni.tiny import random_weights_, tiny_config
 
+# Tiny matmuls on 2 shared cores: one thread each is many times faster than oversubscribed pools.
+torch.set_num_threads(1)
+
 
 @dataclass
 class HFTiny:

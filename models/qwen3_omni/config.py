@@ -188,6 +188,8 @@ class TalkerConfig:
     def __post_init__(self) -> None:
         if self.code_predictor.num_code_groups != self.num_code_groups:
             raise ConfigError("talker_config: num_code_groups differs from the code predictor's")
+        if self.code_predictor.hidden_size != self.text.hidden_size:
+            raise ConfigError("talker_config: code_predictor hidden_size must equal the talker's hidden_size")
 
     def speaker_id(self, name: str) -> int:
         table = dict(self.speakers)

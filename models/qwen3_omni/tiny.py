@@ -45,7 +45,7 @@ _SIZES = {
                          num_key_value_heads=2, head_dim=8, num_experts=6, num_experts_per_tok=3,
                          moe_intermediate_size=24, shared_expert_intermediate_size=40),
         talker_mrope=[2, 1, 1],
-        predictor=dict(hidden_size=40, intermediate_size=48, num_hidden_layers=2, num_attention_heads=5,
+        predictor=dict(hidden_size=48, intermediate_size=48, num_hidden_layers=2, num_attention_heads=5,
                        num_key_value_heads=1, head_dim=8),
         code2wav=dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
                       intermediate_size=40, decoder_dim=48, sliding_window=3),

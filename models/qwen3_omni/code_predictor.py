@@ -1,0 +1,115 @@
+"""The code predictor: a small dense transformer that fills in codebooks 1..15 of one codec frame.
+
+For each frame it sees two inputs first, the talker's final (normed) hidden state and the talker's
+embedding of the frame's codebook-0 code, and predicts codebook 1 with head 0. Each later step feeds the
+embedding of the code just chosen (codebook g through `codec_embedding[g - 1]`) and predicts codebook
+g + 1 with head g. A frame is 15 steps over 16 positions; the cache lives only for that frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from models.qwen3_omni.config import CodePredictorConfig
+from models.qwen3_omni.layers import DenseKVCache, KVCache, RMSNorm, Rope, SelfAttention, SwiGLU
+
+# sample(logits [B, V], step) -> ids [B]; step 0 chooses codebook 1.
+Sampler = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+def greedy(logits: torch.Tensor, step: int) -> torch.Tensor:
+    return logits.argmax(dim=-1)
+
+
+@dataclass(frozen=True)
+class PredictedCodes:
+    codes: torch.Tensor  # [B, 15] codebooks 1..15
+    embed_sum: torch.Tensor  # [B, H] sum of the predictor's embeddings of those 15 codes
+    logits: torch.Tensor  # [B, 15, V] the logits each code was chosen from
+
+
+class CodePredictorLayer(nn.Module):
+    def __init__(self, cfg: CodePredictorConfig) -> None:
+        super().__init__()
+        h = cfg.hidden_size
+        self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.self_attn = SelfAttention(
+            h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps,
+            qk_norm=True, bias=cfg.attention_bias,
+        )
+        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(h, cfg.intermediate_size)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, cache: KVCache | None
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class CodePredictorModel(nn.Module):
+    def __init__(self, cfg: CodePredictorConfig) -> None:
+        super().__init__()
+        groups = cfg.num_code_groups - 1
+        self.codec_embedding = nn.ModuleList(nn.Embedding(cfg.vocab_size, cfg.hidden_size) for _ in range(groups))
+        self.layers = nn.ModuleList(CodePredictorLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rope = Rope(cfg.head_dim, cfg.rope_theta)
+
+    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        cos, sin = self.rope(positions, embeds.dtype)
+        x = embeds
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, i, cache)
+        return self.norm(x)
+
+
+class CodePredictor(nn.Module):
+    def __init__(self, cfg: CodePredictorConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = CodePredictorModel(cfg)
+        self.lm_head = nn.ModuleList(
+            nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(cfg.num_code_groups - 1)
+        )
+
+    @property
+    def num_steps(self) -> int:
+        return self.cfg.num_code_groups - 1
+
+    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        """embeds [B, T, H], positions [B, T] -> normed hidden [B, T, H]."""
+        return self.model(embeds, positions, cache)
+
+    def logits(self, hidden: torch.Tensor, step: int) -> torch.Tensor:
+        """Logits of codebook step + 1."""
+        return self.lm_head[step](hidden)
+
+    def embed(self, ids: torch.Tensor, step: int) -> torch.Tensor:
+        """Embedding of a codebook step + 1 code."""
+        return self.model.codec_embedding[step](ids)
+
+    def predict(
+        self, talker_hidden: torch.Tensor, code0_embed: torch.Tensor, sample: Sampler = greedy
+    ) -> PredictedCodes:
+        """Codebooks 1..15 of one frame, given the talker's last hidden state [B, H] and its embedding of
+        the frame's codebook-0 code [B, H]."""
+        b, dev = talker_hidden.shape[0], talker_hidden.device
+        cache = DenseKVCache(len(self.model.layers))
+        x = torch.stack((talker_hidden, code0_embed), dim=1)
+        positions = torch.arange(2, device=dev).expand(b, 2)
+        codes, logits, embed_sum = [], [], torch.zeros_like(code0_embed)
+        for step in range(self.num_steps):
+            step_logits = self.logits(self.forward(x, positions, cache)[:, -1], step)
+            ids = sample(step_logits, step)
+            emb = self.embed(ids, step)
+            codes.append(ids)
+            logits.append(step_logits)
+            embed_sum = embed_sum + emb
+            x = emb[:, None]
+            positions = torch.full((b, 1), step + 2, device=dev, dtype=torch.long)
+        return PredictedCodes(torch.stack(codes, dim=1), embed_sum, torch.stack(logits, dim=1))

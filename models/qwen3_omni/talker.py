@@ -1,0 +1,117 @@
+"""The talker: an MoE transformer that speaks the thinker's reply as codec frames.
+
+Each step takes one input embedding and yields a hidden state; `codec_head` turns it into logits over
+codebook 0, and the code predictor (code_predictor.py) fills codebooks 1..15 of the same frame. Every
+talker layer uses the routed MoE with a sigmoid-gated shared expert (the checkpoint has no dense talker
+layers, whatever `mlp_only_layers` / `decoder_sparse_step` say). Thinker states enter through two
+two-layer MLPs: `text_projection` for token embeddings, `hidden_projection` for the hidden states of
+multimodal (audio) positions. How those build the prompt and the per-frame inputs: talker_prompt.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.qwen3_omni.code_predictor import CodePredictor, Sampler, greedy
+from models.qwen3_omni.config import ConfigError, TalkerConfig, TextConfig
+from models.qwen3_omni.layers import KVCache, MoE, RMSNorm, Rope, SelfAttention
+
+
+@dataclass(frozen=True)
+class CodecFrame:
+    codes: torch.Tensor  # [B, 16] codebooks 0..15
+    embed_sum: torch.Tensor  # [B, H] sum of the 16 codebook embeddings: the next talker input, less its text part
+
+
+class ResizeMLP(nn.Module):
+    """thinker width -> talker width: fc1, SiLU, fc2 (both with bias)."""
+
+    def __init__(self, inp: int, intermediate: int, out: int) -> None:
+        super().__init__()
+        self.linear_fc1 = nn.Linear(inp, intermediate)
+        self.linear_fc2 = nn.Linear(intermediate, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(F.silu(self.linear_fc1(x)))
+
+
+class TalkerLayer(nn.Module):
+    def __init__(self, cfg: TextConfig) -> None:
+        super().__init__()
+        h = cfg.hidden_size
+        self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.self_attn = SelfAttention(
+            h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps,
+            qk_norm=True, bias=cfg.attention_bias,
+        )
+        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.mlp = MoE(
+            h, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob,
+            shared=cfg.shared_expert_intermediate_size,
+        )
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, cache: KVCache | None
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class TalkerModel(nn.Module):
+    def __init__(self, cfg: TextConfig) -> None:
+        super().__init__()
+        self.codec_embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(TalkerLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
+
+    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        cos, sin = self.rope(positions, embeds.dtype)
+        x = embeds
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, i, cache)
+        return self.norm(x)
+
+
+class Talker(nn.Module):
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        text = cfg.text
+        if text.num_experts == 0 or text.shared_expert_intermediate_size == 0:
+            raise ConfigError("talker_config.text_config: the talker needs routed experts and a shared expert")
+        self.cfg = cfg
+        self.model = TalkerModel(text)
+        self.codec_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.text_projection = ResizeMLP(cfg.thinker_hidden_size, text.intermediate_size, text.hidden_size)
+        self.hidden_projection = ResizeMLP(cfg.thinker_hidden_size, text.intermediate_size, text.hidden_size)
+        self.code_predictor = CodePredictor(cfg.code_predictor)
+
+    def forward(self, input_embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        """input_embeds [B, T, H]; positions [B, T] (or [3, B, T], all rows equal for audio and text).
+        Returns the final normed hidden states [B, T, H]."""
+        return self.model(input_embeds, positions, cache)
+
+    def codec_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over codebook 0 (and the codec's control ids)."""
+        return self.codec_head(hidden)
+
+    def project_text(self, thinker_embeds: torch.Tensor) -> torch.Tensor:
+        """Thinker token embeddings [..., H_thinker] -> talker inputs [..., H]."""
+        return self.text_projection(thinker_embeds)
+
+    def project_hidden(self, thinker_hidden: torch.Tensor) -> torch.Tensor:
+        """Thinker hidden states (output of layer accept_hidden_layer - 1) -> talker inputs."""
+        return self.hidden_projection(thinker_hidden)
+
+    def embed_codec(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.codec_embedding(ids)
+
+    def next_frame(self, hidden: torch.Tensor, code0: torch.Tensor, sample: Sampler = greedy) -> CodecFrame:
+        """The full frame for codebook-0 code `code0` [B], chosen from the talker's hidden state [B, H]."""
+        code0_embed = self.embed_codec(code0)
+        rest = self.code_predictor.predict(hidden, code0_embed, sample)
+        return CodecFrame(torch.cat((code0[:, None], rest.codes), dim=1), code0_embed + rest.embed_sum)

@@ -1,0 +1,134 @@
+"""The talker's inputs, built from the thinker's, by the rules of the reference (transformers' generate).
+
+Write P(x) for `talker.project_text(x)` and E(id) for the thinker's token embedding of `id`.
+
+Prompt (prefill), for a conversation whose thinker prompt is `input_ids` and whose reply has begun:
+1. The user turns. A position belongs to a user turn when the nearest `<|im_start|>` at or before it is
+   followed by the `user` token; so each user turn contributes its whole segment, `<|im_start|>user\\n`
+   through its `<|im_end|>\\n`. All user turns go in, in order; the system turn and earlier assistant
+   turns are dropped. Audio positions (`audio_pad`) become `talker.project_hidden(h)`, with h the
+   thinker's hidden state entering layer `accept_hidden_layer` (index `accept_hidden_layer` of
+   transformers' `output_hidden_states`); every other position becomes P(its thinker input embedding).
+2. A 9-position assistant prefix, each position the sum of a text row and a codec row:
+      text:  P(im_start) P(assistant) P(\\n) pad pad pad pad bos P(reply token 0)
+      codec: 0          0            0     nothink think_bos think_eos speaker codec_pad codec_bos
+   where pad, bos, eos are P(E(tts_pad)), P(E(tts_bos)), P(E(tts_eos)) and the codec row uses the talker's
+   own `codec_embedding`. The prefix starts at the last `<|im_start|>assistant` of the sequence.
+Positions run 0..P-1 over the prompt and continue one per step (all three mrope rows equal: no vision).
+
+Decode step k (k = 0 is the first step after the prefill) takes one input: the sum of the 16 codebook
+embeddings of the frame chosen from the previous hidden state (codebook 0 from the talker's
+`codec_embedding`, codebooks 1..15 from the code predictor's), plus text_k. text_k is P(reply token k+1)
+while reply tokens remain, then eos once, then pad for every later step. Only reply tokens that were fed
+back into the thinker count: the thinker's final token (normally `<|im_end|>`) never is, and eos takes
+its place. A streaming runtime therefore appends P(E(token)) to `trailing` for each reply token after
+the first as the thinker consumes it, and eos when the thinker stops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from models.qwen3_omni.config import OmniConfig
+from models.qwen3_omni.talker import CodecFrame, Talker
+
+
+@dataclass(frozen=True)
+class TtsEmbeds:
+    bos: torch.Tensor  # [H] each, in the talker's width
+    eos: torch.Tensor
+    pad: torch.Tensor
+
+
+@dataclass(frozen=True)
+class TalkerPrompt:
+    embeds: torch.Tensor  # [P, H] prefill input
+    trailing: torch.Tensor  # [N, H] text part of decode steps 0..N-1 (reply tokens 1.., then eos)
+    pad: torch.Tensor  # [H] text part of every later step
+
+    def text_for_step(self, step: int) -> torch.Tensor:
+        return self.trailing[step] if step < self.trailing.shape[0] else self.pad
+
+
+def tts_embeds(talker: Talker, thinker_token_embeds: torch.Tensor) -> TtsEmbeds:
+    """`thinker_token_embeds` [3, H_thinker]: the thinker's embeddings of tts_bos, tts_eos, tts_pad."""
+    bos, eos, pad = talker.project_text(thinker_token_embeds).unbind(0)
+    return TtsEmbeds(bos, eos, pad)
+
+
+def tts_token_ids(cfg: OmniConfig) -> list[int]:
+    """The ids whose thinker embeddings `tts_embeds` wants, in order."""
+    return [cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id]
+
+
+def user_mask(input_ids: torch.Tensor, cfg: OmniConfig) -> torch.Tensor:
+    """[L] bool: positions inside user turns."""
+    pos = torch.arange(input_ids.shape[0], device=input_ids.device)
+    turn_start = torch.where(input_ids == cfg.im_start_token_id, pos, 0).cummax(0).values
+    role = input_ids[(turn_start + 1).clamp(max=input_ids.shape[0] - 1)]
+    return role == cfg.user_token_id
+
+
+def user_part(
+    talker: Talker, cfg: OmniConfig, input_ids: torch.Tensor, thinker_embeds: torch.Tensor, thinker_hidden: torch.Tensor
+) -> torch.Tensor:
+    """[U, H]: the user turns of `input_ids` [L]; thinker_embeds / thinker_hidden: [>= L, H_thinker]."""
+    keep = user_mask(input_ids, cfg)
+    audio = (input_ids == cfg.thinker.audio_token_id)[keep]
+    text = talker.project_text(thinker_embeds[: input_ids.shape[0]][keep])
+    hidden = talker.project_hidden(thinker_hidden[: input_ids.shape[0]][keep])
+    return torch.where(audio[:, None], hidden, text)
+
+
+def assistant_prefix(
+    talker: Talker, cfg: OmniConfig, head_embeds: torch.Tensor, tts: TtsEmbeds, speaker_id: int
+) -> torch.Tensor:
+    """[9, H]. head_embeds [4, H_thinker]: thinker embeddings of im_start, assistant, newline, reply token 0."""
+    head = talker.project_text(head_embeds)
+    text = torch.cat((head[:3], tts.pad.expand(4, -1), tts.bos[None], head[3:4]))
+    t = cfg.talker
+    codec_ids = [t.codec_nothink_id, t.codec_think_bos_id, t.codec_think_eos_id, speaker_id, t.codec_pad_id,
+                 t.codec_bos_id]
+    codec = talker.embed_codec(torch.tensor(codec_ids, device=text.device))
+    return text + torch.cat((torch.zeros_like(text[:3]), codec))
+
+
+def assistant_start(input_ids: torch.Tensor, cfg: OmniConfig) -> int:
+    """Index of the last `<|im_start|>assistant` in `input_ids` [L]."""
+    hits = (input_ids[:-1] == cfg.im_start_token_id) & (input_ids[1:] == cfg.assistant_token_id)
+    idx = hits.nonzero().flatten()
+    if idx.numel() == 0:
+        raise ValueError("the thinker prompt has no <|im_start|>assistant turn")
+    return int(idx[-1])
+
+
+def build_prompt(
+    talker: Talker,
+    cfg: OmniConfig,
+    input_ids: torch.Tensor,
+    thinker_embeds: torch.Tensor,
+    thinker_hidden: torch.Tensor,
+    tts: TtsEmbeds,
+    speaker_id: int,
+) -> TalkerPrompt:
+    """The whole talker input of one turn, once the thinker's reply is known.
+
+    input_ids [L]: the thinker prompt. thinker_embeds [L + R, H_thinker]: the thinker's input embeddings
+    of the prompt and of the R >= 1 reply tokens it consumed (not its final token). thinker_hidden
+    [>= L, H_thinker]: the hidden states entering layer `accept_hidden_layer`, over the prompt.
+    """
+    start = assistant_start(input_ids, cfg)
+    if thinker_embeds.shape[0] < start + 4:
+        raise ValueError("the talker needs the thinker's first reply token")
+    users = user_part(talker, cfg, input_ids, thinker_embeds, thinker_hidden)
+    prefix = assistant_prefix(talker, cfg, thinker_embeds[start : start + 4], tts, speaker_id)
+    trailing = torch.cat((talker.project_text(thinker_embeds[start + 4 :]), tts.eos[None]))
+    return TalkerPrompt(torch.cat((users, prefix)), trailing, tts.pad)
+
+
+def next_input(frame: CodecFrame, text: torch.Tensor) -> torch.Tensor:
+    """[B, 1, H]: the talker's input for the step after `frame`, with text [B, H] (or [H]) from
+    `TalkerPrompt.text_for_step`."""
+    return (frame.embed_sum + text)[:, None]
