@@ -250,8 +250,9 @@ class Code2WavConfig:
     def from_hf(cls, d: dict) -> Code2WavConfig:
         w = "code2wav_config"
         theta, _, _ = _rope(d, w)
-        names = [f for f in cls.__dataclass_fields__ if f != "rope_theta"]
+        names = [f for f in cls.__dataclass_fields__ if f not in ("rope_theta", "rms_norm_eps")]
         vals = {n: _get(d, n, w) for n in names}
+        vals["rms_norm_eps"] = float(d.get("rms_norm_eps", 1e-5))  # Code2Wav's own default differs
         vals["upsample_rates"] = tuple(vals["upsample_rates"])
         vals["upsampling_ratios"] = tuple(vals["upsampling_ratios"])
         return cls(rope_theta=theta, **vals)

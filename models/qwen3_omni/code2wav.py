@@ -1,0 +1,219 @@
+"""Code2Wav: 16 codebooks per 80 ms frame -> 1920 samples of 24 kHz audio.
+
+codes -> mean of 16 code embeddings -> sliding-window causal transformer -> 2 x (transposed conv x2 +
+ConvNeXt) -> causal conv -> 4 decoder blocks (SnakeBeta, transposed conv x r, 3 dilated residual
+units) -> SnakeBeta -> causal conv -> clamp to [-1, 1].
+
+Every conv is causal (stride 1, zero left padding of `context` samples). A decoder transposed conv of
+kernel 2r and stride r, trimmed by r on each side, makes output block j from inputs j and j+1, and
+T inputs give T - 1 blocks: the block that would need input T is dropped, not guessed. That is the
+only look-ahead (`lookahead` = 1 input); through the four decoder blocks it adds up to `holdback`
+samples, so F frames decode to F * 1920 - 555 samples. code2wav_stream.py relies on `context` and
+`lookahead` to decode incrementally with the same modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.qwen3_omni.config import Code2WavConfig
+from models.qwen3_omni.layers import RMSNorm, Rope, SelfAttention, SwiGLU, attention
+
+
+class CausalConv(nn.Module):
+    def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1, groups: int = 1) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation, groups=groups)
+        self.context = (kernel - 1) * dilation
+
+    def forward(self, x: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [B, C, T]; `left`: the `context` inputs before x (zeros when None)."""
+        x = F.pad(x, (self.context, 0)) if left is None else torch.cat((left, x), dim=-1)
+        return self.conv(x)
+
+
+class CausalTransConv(nn.Module):
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int) -> None:
+        super().__init__()
+        if kernel % stride:
+            raise ValueError(f"kernel {kernel} is not a multiple of stride {stride}")
+        self.conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride)
+        self.trim = kernel - stride
+        self.lookahead = self.trim // stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, C, T] -> [B, C', (T - lookahead) * stride]."""
+        y = self.conv(x)
+        return y[..., self.trim : y.shape[-1] - self.trim]
+
+
+class SnakeBeta(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(dim))
+        self.beta = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha, beta = self.alpha.exp()[:, None], self.beta.exp()[:, None]
+        return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
+
+
+class ConvNeXt(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dwconv = CausalConv(dim, dim, 7, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.ones(dim))
+        self.context = self.dwconv.context
+
+    def forward(self, x: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.norm(self.dwconv(x, left).transpose(1, 2))
+        h = self.pwconv2(F.gelu(self.pwconv1(h)))
+        return x + (self.gamma * h).transpose(1, 2)
+
+
+class ResidualUnit(nn.Module):
+    def __init__(self, dim: int, dilation: int) -> None:
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = CausalConv(dim, dim, 7, dilation=dilation)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = CausalConv(dim, dim, 1)
+        self.context = self.conv1.context
+
+    def forward(self, x: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
+        # SnakeBeta is pointwise, so conv1's left context is act1 of x's left context.
+        h = self.conv1(self.act1(x), None if left is None else self.act1(left))
+        return x + self.conv2(self.act2(h))
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, rate: int) -> None:
+        super().__init__()
+        units = [ResidualUnit(cout, d) for d in (1, 3, 9)]
+        self.block = nn.ModuleList([SnakeBeta(cin), CausalTransConv(cin, cout, 2 * rate, rate), *units])
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+class TransformerLayer(nn.Module):
+    def __init__(self, cfg: Code2WavConfig) -> None:
+        super().__init__()
+        h, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.input_layernorm = RMSNorm(h, eps)
+        self.self_attn = SelfAttention(
+            h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, eps, qk_norm=False
+        )
+        self.self_attn_layer_scale = LayerScale(h)
+        self.post_attention_layernorm = RMSNorm(h, eps)
+        self.mlp = SwiGLU(h, cfg.intermediate_size)
+        self.mlp_layer_scale = LayerScale(h)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, cache: SlidingKV
+    ) -> torch.Tensor:
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, layer, cache))
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+
+
+class SlidingKV:
+    """KV cache for sliding-window attention: keeps per layer only the last window-1 keys, all that
+    any later query can see. A fresh one gives the one-shot (windowed causal) attention."""
+
+    def __init__(self, num_layers: int, window: int) -> None:
+        self.window = window
+        self.k: list[torch.Tensor | None] = [None] * num_layers
+        self.v: list[torch.Tensor | None] = [None] * num_layers
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        past = 0
+        if self.k[layer] is not None:
+            past = self.k[layer].shape[1]
+            k, v = torch.cat((self.k[layer], k), dim=1), torch.cat((self.v[layer], v), dim=1)
+        keep = max(k.shape[1] - (self.window - 1), 0)
+        self.k[layer], self.v[layer] = k[:, keep:], v[:, keep:]
+        return attention(q, k, v, scale, past, self.window)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: Code2WavConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([TransformerLayer(cfg) for _ in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rope = Rope(cfg.head_dim, cfg.rope_theta)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: SlidingKV) -> torch.Tensor:
+        """x: [B, T, H]; positions: [B, T] frame indices."""
+        cos, sin = self.rope(positions, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, i, cache)
+        return self.norm(x)
+
+
+class Code2Wav(nn.Module):
+    def __init__(self, cfg: Code2WavConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h, d = cfg.hidden_size, cfg.decoder_dim
+        self.code_embedding = nn.Embedding(cfg.codebook_size * cfg.num_quantizers, h)
+        self.pre_transformer = Transformer(cfg)
+        self.upsample = nn.ModuleList(
+            nn.ModuleList([CausalTransConv(h, h, r, r), ConvNeXt(h)]) for r in cfg.upsampling_ratios
+        )
+        blocks = [DecoderBlock(d >> i, d >> (i + 1), r) for i, r in enumerate(cfg.upsample_rates)]
+        out = d >> len(cfg.upsample_rates)
+        self.decoder = nn.ModuleList([CausalConv(h, d, 7), *blocks, SnakeBeta(out), CausalConv(out, 1, 7)])
+
+    def new_cache(self) -> SlidingKV:
+        return SlidingKV(self.cfg.num_hidden_layers, self.cfg.sliding_window)
+
+    def embed(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, Q, F] -> [B, F, H]: the mean of the Q codebooks' embeddings."""
+        q = self.cfg.num_quantizers
+        if codes.shape[1] != q:
+            raise ValueError(f"expected {q} codebooks, got codes of shape {tuple(codes.shape)}")
+        offset = torch.arange(q, device=codes.device)[None, :, None] * self.cfg.codebook_size
+        return self.code_embedding(codes + offset).mean(1)
+
+    def conv_layers(self) -> Iterator[nn.Module]:
+        """The layers after the transformer, in order, as a flat sequence."""
+        for pair in self.upsample:
+            yield from pair
+        for layer in self.decoder:
+            yield from layer.block if isinstance(layer, DecoderBlock) else (layer,)
+
+    def decode(self, codes: torch.Tensor, clamp: bool = True) -> torch.Tensor:
+        """codes [B, Q, F] -> waveform [B, 1, F * samples_per_frame - holdback], in [-1, 1] if `clamp`.
+
+        The last `holdback` samples would need frame F + 1; like the reference, they are left out.
+        """
+        b, _, f = codes.shape
+        positions = torch.arange(f, device=codes.device).expand(b, f)
+        h = self.pre_transformer(self.embed(codes), positions, self.new_cache()).transpose(1, 2)
+        for layer in self.conv_layers():
+            h = layer(h)
+        return h.clamp(-1, 1) if clamp else h
+
+    @property
+    def holdback(self) -> int:
+        """Samples of the last frames' audio that depend on the next frame (555 at full size)."""
+        held = 0
+        for layer in self.conv_layers():
+            if isinstance(layer, CausalTransConv):
+                held = (held + layer.lookahead) * layer.conv.stride[0]
+        return held
+
+    forward = decode

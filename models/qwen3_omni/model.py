@@ -1,0 +1,52 @@
+"""The whole Qwen3-Omni: thinker (audio encoder + MoE LLM), talker (+ code predictor), Code2Wav.
+
+`load_model("tiny")` builds the built-in tiny preset with seeded random weights (no files);
+`load_model(DIR)` builds on the meta device and streams the checkpoint's safetensors in one pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .code2wav import Code2Wav
+from .config import OmniConfig
+from .talker import Talker
+from .thinker import Thinker
+from .tiny import random_weights_, tiny_config
+from .weights import load_weights
+
+log = logging.getLogger(__name__)
+
+
+class Qwen3Omni(nn.Module):
+    def __init__(self, cfg: OmniConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.thinker = Thinker(cfg.thinker)
+        self.talker = Talker(cfg.talker)
+        self.code2wav = Code2Wav(cfg.code2wav)
+
+
+def load_model(
+    model: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0
+) -> Qwen3Omni:
+    """`model` is 'tiny' or a checkpoint directory (config.json + safetensors)."""
+    start = time.perf_counter()
+    if str(model) == "tiny":
+        cfg = OmniConfig.from_hf(tiny_config("a"))
+        net = Qwen3Omni(cfg)
+        random_weights_(net, seed)
+        net = net.to(device=device, dtype=dtype)
+    else:
+        cfg = OmniConfig.from_file(model)
+        with torch.device("meta"):
+            net = Qwen3Omni(cfg)
+        load_weights(net, model, device=device, dtype=dtype)
+    n = sum(p.numel() for p in net.parameters())
+    log.info("loaded %s: %.2f B parameters, %s %s, %.1f s", model, n / 1e9, device, dtype, time.perf_counter() - start)
+    return net.eval().requires_grad_(False)
