@@ -1,25 +1,104 @@
-"""The `omni-realtime` command."""
+"""The `omni-realtime` command: `serve` (the gateway) and `generate` (one offline turn, same pipeline)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import sys
+
+import numpy as np
+import torch
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny", help="checkpoint directory, or 'tiny' for the built-in test model")
+    p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="weights and activations (default: bfloat16 on cuda, float32 on cpu)")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="omni-realtime", description="Qwen3-Omni realtime voice server")
+    sub = ap.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the OpenAI-Realtime-compatible WebSocket server")
+    add_model_args(serve)
+    gen = sub.add_parser("generate", help="answer one turn offline through the streaming pipeline")
+    add_model_args(gen)
+    gen.add_argument("--audio", help="input WAV (16-bit PCM or float32, any rate, mono or stereo)")
+    gen.add_argument("--text", default="", help="user text (after the audio, when both are given)")
+    gen.add_argument("--system", default=None, help="system prompt (default: none)")
+    gen.add_argument("--speaker", default="ethan", help="voice (ethan, chelsie, aiden)")
+    gen.add_argument("--greedy", action="store_true", help="argmax decoding in every stage (reproducible)")
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed")
+    gen.add_argument("--max-text-tokens", type=int, default=512, help="stop the reply text after N tokens")
+    gen.add_argument("--max-frames", type=int, default=1500, help="stop the speech after M codec frames (80 ms each)")
+    gen.add_argument("--no-audio", action="store_true", help="text reply only (no talker, no Code2Wav)")
+    gen.add_argument("--out", help="write the reply's speech here (24 kHz 16-bit WAV)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object with ids, codes and timings")
+    return ap
+
+
+def generate(args: argparse.Namespace) -> int:
+    from models.qwen3_omni.audio_features import resample
+    from models.registry import build_pipeline
+    from pipelines.types import AudioChunk, GenerationOptions, Message, TextDelta, Turn, TurnDone, TurnError
+
+    from .wav import read_wav, write_wav
+
+    messages = []
+    if args.system:
+        messages.append(Message("system", args.system))
+    audio = None
+    if args.audio:
+        samples, rate = read_wav(args.audio)
+        audio = resample(samples, rate, 16000) if rate != 16000 else samples
+    if audio is None and not args.text:
+        print("generate: give --audio, --text or both", file=sys.stderr)
+        return 2
+    messages.append(Message("user", args.text, audio))
+    opts = GenerationOptions(
+        audio=not args.no_audio, speaker=args.speaker, greedy=args.greedy, seed=args.seed,
+        max_text_tokens=args.max_text_tokens, max_frames=args.max_frames,
+    )
+    with build_pipeline(args.model, args.device or default_device(), args.dtype) as pipeline:
+        events = pipeline.run(Turn("cli", messages, opts))
+    end = events[-1]
+    if isinstance(end, TurnError):
+        print(f"generate failed: {end.code}: {end.message}", file=sys.stderr)
+        return 1
+    assert isinstance(end, TurnDone)
+    pcm = [e.pcm for e in events if isinstance(e, AudioChunk)]
+    wav = np.concatenate(pcm) if pcm else np.zeros(0, dtype=np.float32)
+    if args.out:
+        write_wav(args.out, wav)
+    if args.json:
+        print(json.dumps({
+            "text": end.text, "text_ids": list(end.text_ids), "codes": [list(c) for c in end.codes],
+            "audio_seconds": len(wav) / 24000, "status": end.status,
+            "time_to_first_audio_ms": end.timings.get("first_audio_ms"), "rtf": end.timings.get("rtf"),
+            "timings": end.timings,
+        }))
+    else:
+        print("".join(e.text for e in events if isinstance(e, TextDelta)))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="omni-realtime", description="Qwen3-Omni realtime voice server")
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the OpenAI-Realtime-compatible WebSocket server")
-    serve.add_argument("--model", default="tiny", help="checkpoint directory, or 'tiny' for the built-in test model")
-    args = parser.parse_args(argv)
-    if args.command == "serve":
-        print(
-            "omni-realtime serve: the WebSocket gateway is not available yet (it lands with the gateway issue). "
-            "The models and their tests are: run `make test`.",
-            file=sys.stderr,
-        )
-        return 2
-    return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parser().parse_args(argv)
+    if args.command == "generate":
+        return generate(args)
+    print(
+        "omni-realtime serve: the WebSocket gateway is not available yet (it lands with the gateway issue). "
+        "`omni-realtime generate` runs one turn through the pipeline.",
+        file=sys.stderr,
+    )
+    return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,190 @@
+"""Per-session and per-turn state of a Qwen3-Omni conversation in the pipeline.
+
+A Session is one conversation: every thinker input so far (ids and embeddings, so an evicted KV cache
+can be recomputed exactly), and the talker-width rows of its user turns (the talker's prompt starts
+with all of them). A TurnState is one response: what the thinker wrote, what the talker needs next,
+the frames waiting for Code2Wav, timings, and the event callback.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from pipelines.types import AudioChunk, Event, GenerationOptions, TextDelta, TurnDone, TurnError, Usage
+
+from .talker_prompt import TtsEmbeds
+from .tokenizer import StreamDecoder
+
+
+class Rows:
+    """A growing [N, H] tensor kept as chunks; `tail(start)` returns rows start..N-1."""
+
+    def __init__(self) -> None:
+        self.chunks: list[torch.Tensor] = []
+        self.n = 0
+
+    def append(self, rows: torch.Tensor) -> None:
+        self.chunks.append(rows)
+        self.n += rows.shape[0]
+
+    def tail(self, start: int) -> torch.Tensor:
+        picked, end = [], self.n
+        for chunk in reversed(self.chunks):
+            if end <= start:
+                break
+            lo = max(0, chunk.shape[0] - (end - start))
+            picked.append(chunk[lo:])
+            end -= chunk.shape[0]
+        return torch.cat(picked[::-1]) if picked else self.chunks[0][:0]
+
+    def all(self) -> torch.Tensor:
+        return self.tail(0)
+
+
+@dataclass
+class Session:
+    id: str
+    ids: list[int] = field(default_factory=list)  # thinker inputs, fed or still pending
+    embeds: Rows = field(default_factory=Rows)  # their input embeddings, aligned with ids
+    talker_users: Rows = field(default_factory=Rows)  # talker rows of every user turn so far
+    talker_done_upto: int = 0  # ids before this index have their user rows in talker_users
+    turn: TurnState | None = None
+    turns: int = 0
+
+    @property
+    def kv_key(self) -> str:
+        return f"thinker:{self.id}"
+
+
+@dataclass
+class TurnState:
+    turn_id: str
+    session: Session
+    options: GenerationOptions
+    emit_event: Callable[[Event], None]
+    decoder: StreamDecoder
+    im_end: int
+    tts: TtsEmbeds
+    on_close: Callable[[], None] = lambda: None
+    prompt_ids: list[int] = field(default_factory=list)  # this turn's new thinker inputs
+    cached_tokens: int = 0
+    audio_features: list[torch.Tensor] = field(default_factory=list)
+    prompt_ready: bool = False
+    reply_ids: list[int] = field(default_factory=list)
+    thinker_done: bool = False
+    text_stop: str = "completed"
+    # talker side
+    head_embeds: torch.Tensor | None = None  # thinker embeds of <|im_start|>assistant\n + reply token 0
+    trailing: list[torch.Tensor] = field(default_factory=list)  # talker text rows for decode steps
+    talker_done: bool = False
+    audio_stop: str = "completed"
+    codes: list[list[int]] = field(default_factory=list)
+    frames_out: list[torch.Tensor] = field(default_factory=list)  # [16] codes waiting for Code2Wav
+    audio_done: bool = False
+    audio_samples: int = 0
+    finished: bool = False
+    t_start: float = field(default_factory=time.perf_counter)
+    t_first_text: float | None = None
+    t_first_audio: float | None = None
+
+    def emit(self, event: Event) -> None:
+        if not self.finished:
+            self.emit_event(event)
+
+    def urgency(self) -> float:
+        """Seconds of audio the listener still has buffered (0 before the first audio)."""
+        if not self.options.audio:
+            return float("inf")
+        if self.t_first_audio is None:
+            return 0.0
+        return self.audio_samples / 24000 - (time.perf_counter() - self.t_first_audio)
+
+    def on_prompt_embeds(self, embeds: torch.Tensor) -> None:
+        """This turn's new thinker inputs are embedded: they join the session, ready to prefill."""
+        self.session.ids.extend(self.prompt_ids)
+        self.session.embeds.append(embeds)
+        self.prompt_ready = True
+
+    def on_token(self, token: int, embed: torch.Tensor, projected: torch.Tensor | None) -> None:
+        """A sampled reply token; `projected` is its talker text row (when speaking)."""
+        first = not self.reply_ids
+        if first:
+            self.t_first_text = time.perf_counter()
+        self.reply_ids.append(token)
+        self.session.ids.append(token)
+        self.session.embeds.append(embed[None])
+        self.emit(TextDelta(self.turn_id, self.decoder.push(token), (token,)))
+        final = token == self.im_end or len(self.reply_ids) >= self.options.max_text_tokens
+        if self.options.audio:
+            if first:
+                self.head_embeds = self.session.embeds.tail(self.session.embeds.n - 4)
+            elif not final:
+                self.trailing.append(projected)
+            if final:
+                self.trailing.append(self.tts.eos)
+        if final:
+            self.thinker_done = True
+            self.text_stop = "completed" if token == self.im_end else "length"
+            self.maybe_finish()
+
+    def on_frame(self, codes: list[int], row: torch.Tensor, embed_sum: torch.Tensor, eos: int) -> torch.Tensor | None:
+        """A codec frame from the talker; returns the codec part of the talker's next input, if any."""
+        if codes[0] == eos:
+            self.talker_done = True
+            return None
+        self.codes.append(codes)
+        self.frames_out.append(row)
+        if len(self.codes) >= self.options.max_frames:
+            self.talker_done, self.audio_stop = True, "length"
+            return None
+        return embed_sum
+
+    def on_audio(self, chunk: AudioChunk) -> None:
+        if self.t_first_audio is None:
+            self.t_first_audio = time.perf_counter()
+        self.audio_samples += chunk.pcm.shape[0]
+        self.emit(chunk)
+
+    def fail(self, code: str, message: str) -> None:
+        if not self.finished:
+            self.emit_event(TurnError(self.turn_id, code, message))
+            self._close()
+
+    def _close(self) -> None:
+        self.finished = True
+        if self.session.turn is self:
+            self.session.turn = None
+        self.on_close()
+
+    def maybe_finish(self) -> bool:
+        if self.finished or not self.thinker_done or (self.options.audio and not self.audio_done):
+            return False
+        self.finish("completed" if "length" not in (self.text_stop, self.audio_stop) else "length")
+        return True
+
+    def finish(self, status: str) -> None:
+        if self.finished:
+            return
+        now = time.perf_counter()
+        seconds = self.audio_samples / 24000
+        timings = {"total_ms": (now - self.t_start) * 1e3}
+        if self.t_first_text is not None:
+            timings["first_text_ms"] = (self.t_first_text - self.t_start) * 1e3
+        if self.t_first_audio is not None:
+            timings["first_audio_ms"] = (self.t_first_audio - self.t_start) * 1e3
+        if seconds > 0:
+            timings["rtf"] = (now - self.t_start) / seconds
+        tail = self.decoder.flush()
+        if tail:
+            self.emit(TextDelta(self.turn_id, tail, ()))
+        usage = Usage(len(self.prompt_ids) + self.cached_tokens, self.cached_tokens, len(self.reply_ids),
+                      len(self.codes))
+        text = self.decoder.tokenizer.decode(self.reply_ids, skip_special=True)
+        self.emit(TurnDone(self.turn_id, status, text, tuple(self.reply_ids), tuple(map(tuple, self.codes)),
+                           usage, timings))
+        self._close()
+

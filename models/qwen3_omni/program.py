@@ -1,0 +1,217 @@
+"""Qwen3-Omni in the pipeline: the pipeline config (stages and placement) and the turn flow.
+
+A turn's messages are rendered with the chat template (continuing the session's cached conversation),
+its audio turned into log-mel features, and one Work per stage is registered. The stages then move it
+along: encoder -> thinker (prefill of the new tokens only, then decode) -> talker (from the thinker's
+first reply token) -> Code2Wav (audio of each frame as soon as it is final).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from pipelines.kv_cache import KVLayout
+from pipelines.pipeline import Emit, Pipeline
+from pipelines.sampling import SamplingParams
+from pipelines.stage import Stage, StageConfig
+from pipelines.types import Turn, TurnError
+
+from . import chat
+from .audio_features import audio_token_count, log_mel
+from .code2wav_stream import Code2WavStream
+from .config import ConfigError
+from .conversation import Session, TurnState
+from .model import Qwen3Omni, load_model
+from .stages import (
+    Code2WavStep,
+    Code2WavWork,
+    EncoderStep,
+    EncoderWork,
+    TalkerStep,
+    TalkerWork,
+    ThinkerStep,
+    ThinkerWork,
+    Work,
+)
+from .tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+STAGE_NAMES = ("code2wav", "talker", "thinker", "audio_encoder")  # run order: downstream first
+
+
+def default_stages(device: str) -> tuple[StageConfig, ...]:
+    return (
+        StageConfig("code2wav", device, max_batch=64),
+        StageConfig("talker", device, max_batch=32, kv_blocks=2048),
+        StageConfig("thinker", device, max_batch=32, kv_blocks=4096),
+        StageConfig("audio_encoder", device, max_batch=1),
+    )
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """`model`: 'tiny' or a checkpoint directory. Each stage names its device and capacity."""
+
+    model: str = "tiny"
+    device: str = "cpu"
+    dtype: str = "float32"
+    stages: tuple[StageConfig, ...] = field(default_factory=lambda: default_stages("cpu"))
+
+    def __post_init__(self) -> None:
+        names = sorted(s.name for s in self.stages)
+        if names != sorted(STAGE_NAMES):
+            raise ValueError(f"Qwen3-Omni needs stages {STAGE_NAMES}, got {names}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, not {self.dtype}")
+        devices = {s.device for s in self.stages}
+        if len(devices) > 1:
+            raise ValueError(f"all stages must share one device for now (in-memory hand-over), got {devices}")
+
+    def stage(self, name: str) -> StageConfig:
+        return next(s for s in self.stages if s.name == name)
+
+    @classmethod
+    def on(cls, model: str, device: str, dtype: str | None = None, **stage_overrides: dict) -> PipelineConfig:
+        stages = tuple(
+            StageConfig(**{**s.__dict__, **stage_overrides.get(s.name, {})}) for s in default_stages(device)
+        )
+        return cls(model, device, dtype or ("bfloat16" if device.startswith("cuda") else "float32"), stages)
+
+
+def checkpoint_sampling(model: str) -> SamplingParams | None:
+    """The thinker's sampling from the checkpoint's generation_config.json; None (greedy) without one."""
+    path = Path(model) / "generation_config.json"
+    if model == "tiny" or not path.exists():
+        return None
+    g = json.loads(path.read_text())
+    if not g.get("do_sample"):
+        return None
+    return SamplingParams(
+        temperature=float(g.get("temperature", 1.0)), top_k=int(g.get("top_k", 0) or 0),
+        top_p=float(g.get("top_p", 1.0)), repetition_penalty=float(g.get("repetition_penalty", 1.0)),
+    )
+
+
+class Qwen3OmniProgram:
+    def __init__(self, model: Qwen3Omni, tokenizer: Tokenizer, cfg: PipelineConfig) -> None:
+        self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
+        self.device, self.dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
+        self.thinker_sampling = checkpoint_sampling(cfg.model)
+        mc = model.cfg
+        args = (model, self.device, self.dtype)
+        with torch.inference_mode():
+            self.steps = {
+                "audio_encoder": EncoderStep(*args), "thinker": ThinkerStep(*args),
+                "talker": TalkerStep(*args), "code2wav": Code2WavStep(*args),
+            }
+        layouts = {
+            name: (t.num_hidden_layers, t.num_key_value_heads, t.head_dim)
+            for name, t in (("thinker", mc.thinker.text), ("talker", mc.talker.text))
+        }
+        self.by_name: dict[str, Stage] = {}
+        for name in STAGE_NAMES:
+            sc = cfg.stage(name)
+            layout = None
+            if name in layouts and sc.kv_blocks:
+                layers, heads, dim = layouts[name]
+                layout = KVLayout(layers, heads, dim, sc.kv_blocks, sc.block_size, self.dtype, cfg.device)
+            self.by_name[name] = Stage(sc, self.steps[name], layout)
+        self.stages = [self.by_name[n] for n in STAGE_NAMES]
+        self.sessions: dict[str, Session] = {}
+        self.turns: dict[str, tuple[TurnState, list[tuple[Stage, Work]]]] = {}
+
+    def start_turn(self, turn: Turn, emit: Emit) -> None:
+        session = self.sessions.setdefault(turn.session_id, Session(turn.session_id))
+        if session.turn is not None:
+            emit(TurnError(turn.turn_id, "session_busy", f"session {turn.session_id} already has an active turn"))
+            return
+        try:
+            with torch.inference_mode():
+                state, works = self._prepare(session, turn, emit)
+        except (ValueError, ConfigError) as e:
+            emit(TurnError(turn.turn_id, "invalid_request", str(e)))
+            return
+        session.turn = state
+        session.turns += 1
+        self.turns[turn.turn_id] = (state, works)
+        state.on_close = lambda: self._close(turn.turn_id)
+        for stage, work in works:
+            stage.add(work)
+
+    def _prepare(self, session: Session, turn: Turn, emit: Emit) -> tuple[TurnState, list[tuple[Stage, Work]]]:
+        if not turn.messages:
+            raise ValueError("a turn needs at least one message")
+        opts = turn.options
+        self.model.cfg.talker.speaker_id(opts.speaker)  # unknown speakers fail here, before any work
+        features, turns = [], []
+        for m in turn.messages:
+            tokens = 0
+            if m.audio is not None:
+                feats, mask = log_mel([m.audio.float().cpu()])
+                frames = int(mask.sum())
+                features.append(feats[0, :, :frames])
+                tokens = int(audio_token_count(frames, self.model.cfg.thinker.audio.n_window))
+            turns.append(chat.Turn(m.role, m.text, tokens))
+        im_end = self.model.cfg.im_end_token_id
+        if not session.ids:
+            prompt = chat.render(self.tokenizer, turns)
+        else:
+            closing = [] if session.ids[-1] == im_end else [im_end]  # a reply cut short still ends its turn
+            prompt = chat.Prompt(tuple(closing)) + chat.render_continuation(self.tokenizer, turns)
+        if opts.thinker is None and self.thinker_sampling is not None and not opts.greedy:
+            opts = type(opts)(**{**opts.__dict__, "thinker": self.thinker_sampling})
+        state = TurnState(
+            turn.turn_id, session, opts, emit, self.tokenizer.stream_decoder(skip_special=True), im_end,
+            self.steps["thinker"].tts, prompt_ids=list(prompt.ids), cached_tokens=len(session.ids),
+            audio_features=features,
+        )
+        works: list[tuple[Stage, Work]] = []
+        s = self.by_name
+        if features:
+            works.append((s["audio_encoder"], EncoderWork(state)))
+        else:
+            ids = torch.tensor([state.prompt_ids], device=self.device)
+            state.on_prompt_embeds(self.model.thinker.embed(ids)[0])
+        works.append((s["thinker"], ThinkerWork(state, s["thinker"].kv)))
+        if opts.audio:
+            works.append((s["talker"], TalkerWork(state, s["talker"].kv, self.steps["talker"].prompt)))
+            works.append((s["code2wav"], Code2WavWork(state, Code2WavStream(self.model.code2wav))))
+        return state, works
+
+    def abort_turn(self, turn_id: str) -> None:
+        entry = self.turns.get(turn_id)
+        if entry is not None:
+            entry[0].finish("cancelled")
+
+    def end_session(self, session_id: str) -> None:
+        session = self.sessions.pop(session_id, None)
+        if session is None:
+            return
+        if session.turn is not None:
+            session.turn.finish("cancelled")
+        self.by_name["thinker"].kv.release(session.kv_key)
+
+    def _close(self, turn_id: str) -> None:
+        _, works = self.turns.pop(turn_id, (None, []))
+        for stage, work in works:
+            stage.remove(work)
+
+    def kv_check(self) -> dict[str, int]:
+        """Integrity check of every KV cache; returns blocks in use per stage."""
+        used = {}
+        for stage in self.stages:
+            if stage.kv is not None:
+                stage.kv.check()
+                used[stage.name] = stage.kv.layout.num_blocks - stage.kv.num_free
+        return used
+
+
+def build_pipeline(cfg: PipelineConfig) -> Pipeline:
+    model = load_model(cfg.model, cfg.device, getattr(torch, cfg.dtype))
+    tokenizer = Tokenizer.load(cfg.model)
+    return Pipeline(Qwen3OmniProgram(model, tokenizer, cfg))

@@ -1,0 +1,147 @@
+"""Pipeline: the stage graph of one model, driven by one engine thread, with an asyncio-friendly API.
+
+    pipeline = Pipeline(program); pipeline.start()
+    async for event in pipeline.submit(turn): ...      # TextDelta / AudioChunk / TurnDone | TurnError
+    pipeline.abort(turn_id); pipeline.end_session(session_id); pipeline.close()
+
+The engine thread owns every model, cache and work item; other threads only queue commands, so the
+asyncio loop hosting the gateway never blocks on a model step. Each engine iteration runs one batch of
+each stage, downstream stages first, so audio already promised to listeners keeps flowing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
+
+from .stage import Stage
+from .types import Event, Turn, TurnDone, TurnError
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[Event], None]
+
+
+class Program(Protocol):
+    """A model's side of the pipeline: its stages and how a turn moves through them."""
+
+    stages: list[Stage]  # downstream first
+
+    def start_turn(self, turn: Turn, emit: Emit) -> None: ...
+
+    def abort_turn(self, turn_id: str) -> None: ...
+
+    def end_session(self, session_id: str) -> None: ...
+
+
+class Pipeline:
+    def __init__(self, program: Program, idle_wait_s: float = 0.05) -> None:
+        self.program = program
+        self.idle_wait_s = idle_wait_s
+        self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def start(self) -> Pipeline:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="omni-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        self._commands.put(lambda: None)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def __enter__(self) -> Pipeline:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def call(self, fn: Callable[[], None]) -> None:
+        """Run `fn` on the engine thread between steps."""
+        self._commands.put(fn)
+
+    def submit(self, turn: Turn) -> AsyncIterator[Event]:
+        """Start a turn; its events arrive in order and end with TurnDone or TurnError. Closing the
+        iterator early (or dropping it) aborts the turn."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+        self.call(lambda: self.program.start_turn(turn, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev)))
+        return self._stream(turn.turn_id, events)
+
+    async def _stream(self, turn_id: str, events: asyncio.Queue[Event]) -> AsyncIterator[Event]:
+        finished = False
+        try:
+            while True:
+                event = await events.get()
+                finished = isinstance(event, TurnDone | TurnError)
+                yield event
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(turn_id)
+
+    def run(self, turn: Turn, timeout_s: float | None = None) -> list[Event]:
+        """Blocking: every event of one turn (for the CLI and scripts)."""
+        events: queue.Queue[Event] = queue.Queue()
+        self.call(lambda: self.program.start_turn(turn, events.put))
+        out: list[Event] = []
+        while not out or not isinstance(out[-1], TurnDone | TurnError):
+            out.append(events.get(timeout=timeout_s))
+        return out
+
+    def abort(self, turn_id: str) -> None:
+        self.call(lambda: self.program.abort_turn(turn_id))
+
+    def end_session(self, session_id: str) -> None:
+        self.call(lambda: self.program.end_session(session_id))
+
+    def sync(self, timeout_s: float = 30.0) -> None:
+        """Wait until every command queued before this call has run."""
+        done = threading.Event()
+        self.call(done.set)
+        if not done.wait(timeout_s):
+            raise TimeoutError("engine did not answer")
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._drain()
+            ran = False
+            for stage in self.program.stages:
+                ran |= self._step(stage)
+            if not ran:
+                with contextlib.suppress(queue.Empty):
+                    self._commands.get(timeout=self.idle_wait_s)()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                fn = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                fn()
+            except Exception:
+                log.exception("engine command failed")
+
+    def _step(self, stage: Stage) -> bool:
+        try:
+            return stage.step()
+        except Exception as e:  # a model bug must not stop the engine: fail the stage's works instead
+            log.exception("stage %s failed", stage.name)
+            self.error = e
+            for work in list(stage.scheduler.works):
+                work.fail("internal_error", f"{stage.name}: {type(e).__name__}: {e}")
+                stage.remove(work)
+            return True

@@ -1,0 +1,131 @@
+"""Scheduler: picks what one stage runs next, and keeps its KV cache honest.
+
+Every unit of work is a sequence with a history of inputs, of which the first `kv.length(key)` are in
+the cache. A step feeds the rest (`pending()` inputs) and samples. Many pending inputs is a prefill,
+one is a decode: a sequence whose cache was evicted or preempted simply becomes a prefill again and is
+recomputed from its history. Prefills go first unless a running sequence is urgent (its audio is about
+to run out); decodes run in order of urgency, up to `max_batch` rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from .kv_cache import OutOfBlocks, PagedKVCache
+
+URGENT_S = 0.25  # a stream with less audio buffered than this is served before new prefills
+
+
+class Work(Protocol):
+    key: str  # KV sequence id (a session's conversation, or one turn's talker stream)
+    keep_kv: bool  # the cache outlives the work (a session's conversation between turns)
+
+    def pending(self) -> int:
+        """Inputs known but not yet in the cache (0: nothing to run now)."""
+        ...
+
+    def urgency(self) -> float:
+        """Seconds until this work's listener runs out of audio (smaller runs sooner)."""
+        ...
+
+    def fail(self, code: str, message: str) -> None: ...
+
+
+@dataclass
+class Batch:
+    works: list[Work]
+    lengths: list[int]  # inputs fed per row this step
+    prefill: bool
+
+
+class Scheduler:
+    def __init__(self, kv: PagedKVCache | None, max_batch: int = 32, max_prefill_tokens: int = 8192) -> None:
+        self.kv = kv
+        self.max_batch = max_batch
+        self.max_prefill_tokens = max_prefill_tokens
+        self.works: list[Work] = []
+
+    def add(self, work: Work) -> None:
+        self.works.append(work)
+
+    def remove(self, work: Work) -> None:
+        if work in self.works:
+            self.works.remove(work)
+        if self.kv is not None and not work.keep_kv:
+            self.kv.release(work.key)
+
+    def schedule(self) -> Batch | None:
+        ready = [(w, w.pending()) for w in self.works]
+        ready = [(w, n) for w, n in ready if n > 0]
+        if not ready:
+            return None
+        decodes = sorted(((w, n) for w, n in ready if n == 1 and self._cached(w)), key=lambda x: x[0].urgency())
+        prefills = [(w, n) for w, n in ready if not (n == 1 and self._cached(w))]
+        urgent = decodes and decodes[0][0].urgency() < URGENT_S
+        if prefills and not urgent:
+            batch = self._admit_prefills(prefills)
+            if batch is not None:
+                return batch
+        if decodes:
+            return self._admit_decodes(decodes)
+        return None
+
+    def _cached(self, w: Work) -> bool:
+        return self.kv is None or self.kv.length(w.key) > 0
+
+    def _admit_prefills(self, prefills: list[tuple[Work, int]]) -> Batch | None:
+        chosen: list[tuple[Work, int]] = []
+        budget = self.max_prefill_tokens
+        for w, n in prefills:
+            if chosen and (n > budget or len(chosen) >= self.max_batch):
+                break
+            if not self._reserve(w, n):
+                continue
+            chosen.append((w, n))
+            budget -= n
+        if not chosen:
+            return None
+        return Batch([w for w, _ in chosen], [n for _, n in chosen], prefill=True)
+
+    def _admit_decodes(self, decodes: list[tuple[Work, int]]) -> Batch | None:
+        chosen = []
+        for w, n in decodes[: self.max_batch]:
+            if self._reserve(w, n):
+                chosen.append(w)
+        if not chosen:
+            return None
+        return Batch(chosen, [1] * len(chosen), prefill=False)
+
+    def _reserve(self, w: Work, n: int) -> bool:
+        """Room for n more tokens of w: evict idle caches, then preempt less urgent works; a request
+        that cannot fit even in an empty cache fails with a clear error."""
+        kv = self.kv
+        if kv is None:
+            return True
+        total = kv.length(w.key) + n
+        if kv.layout.blocks_for(total) > kv.layout.num_blocks:
+            size = kv.layout.num_blocks * kv.layout.block_size
+            w.fail("context_too_long", f"{total} tokens can never fit in the KV cache ({size} slots)")
+            self.remove(w)
+            return False
+        while True:
+            try:
+                kv.reserve(w.key, n)
+                return True
+            except OutOfBlocks:
+                if not self._make_room(w):
+                    return False
+
+    def _make_room(self, w: Work) -> bool:
+        active = {x.key for x in self.works}
+        idle = self.kv.lru(exclude=active)
+        if idle:
+            self.kv.release(idle[0])
+            return True
+        victims = [x for x in self.works if x is not w and self.kv.length(x.key) > 0 and x.urgency() >= w.urgency()]
+        if not victims:
+            return False
+        victim = victims[-1]  # the newest of the least urgent: the oldest streams keep going
+        self.kv.release(victim.key)  # recomputed from its history when it runs again
+        return True

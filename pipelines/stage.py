@@ -1,0 +1,53 @@
+"""Stage: one model of the pipeline with its own Scheduler and ModelRunner (and KV cache, if any)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .kv_cache import KVLayout, PagedKVCache
+from .model_runner import ModelRunner, StepModel
+from .scheduler import Scheduler, Work
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """Placement and capacity of one stage. `kv_blocks` 0 means the stage keeps no KV cache."""
+
+    name: str
+    device: str = "cpu"
+    max_batch: int = 32
+    max_prefill_tokens: int = 8192
+    kv_blocks: int = 0
+    block_size: int = 16
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_prefill_tokens < 1 or self.kv_blocks < 0 or self.block_size < 1:
+            raise ValueError(f"stage {self.name}: capacities must be positive")
+
+
+class Stage:
+    def __init__(self, cfg: StageConfig, model: StepModel, kv_layout: KVLayout | None) -> None:
+        self.cfg = cfg
+        self.kv = PagedKVCache(kv_layout) if kv_layout is not None else None
+        self.scheduler = Scheduler(self.kv, cfg.max_batch, cfg.max_prefill_tokens)
+        self.runner = ModelRunner(model, self.kv, torch.device(cfg.device))
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name
+
+    def add(self, work: Work) -> None:
+        self.scheduler.add(work)
+
+    def remove(self, work: Work) -> None:
+        self.scheduler.remove(work)
+
+    def step(self) -> bool:
+        """Run one batch if there is work; returns whether anything ran."""
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return False
+        self.runner.run(batch)
+        return True
