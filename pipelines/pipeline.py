@@ -76,7 +76,19 @@ class Pipeline:
         iterator early (or dropping it) aborts the turn."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
-        self.call(lambda: self.program.start_turn(turn, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev)))
+        gone = False
+
+        def emit(event: Event) -> None:
+            nonlocal gone
+            if gone:
+                return
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, event)
+            except RuntimeError:  # the listener's event loop has closed: nobody is reading any more
+                gone = True
+                self.abort(turn.turn_id)
+
+        self.call(lambda: self.program.start_turn(turn, emit))
         return self._stream(turn.turn_id, events)
 
     async def _stream(self, turn_id: str, events: asyncio.Queue[Event]) -> AsyncIterator[Event]:
@@ -116,13 +128,19 @@ class Pipeline:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._drain()
-            ran = False
-            for stage in self.program.stages:
-                ran |= self._step(stage)
-            if not ran:
-                with contextlib.suppress(queue.Empty):
-                    self._commands.get(timeout=self.idle_wait_s)()
+            try:
+                self._iterate()
+            except Exception:  # the engine thread must outlive any bug in one step
+                log.exception("engine iteration failed")
+
+    def _iterate(self) -> None:
+        self._drain()
+        ran = False
+        for stage in self.program.stages:
+            ran |= self._step(stage)
+        if not ran:
+            with contextlib.suppress(queue.Empty):
+                self._commands.get(timeout=self.idle_wait_s)()
 
     def _drain(self) -> None:
         while True:

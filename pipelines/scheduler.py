@@ -45,6 +45,8 @@ class Scheduler:
         self.max_batch = max_batch
         self.max_prefill_tokens = max_prefill_tokens
         self.works: list[Work] = []
+        self.evictions = 0  # idle caches dropped to make room
+        self.preemptions = 0  # running works whose cache was dropped (recomputed later)
 
     def add(self, work: Work) -> None:
         self.works.append(work)
@@ -80,7 +82,7 @@ class Scheduler:
         for w, n in prefills:
             if chosen and (n > budget or len(chosen) >= self.max_batch):
                 break
-            if not self._reserve(w, n):
+            if not self._reserve(w, n, {x.key for x, _ in chosen}):
                 continue
             chosen.append((w, n))
             budget -= n
@@ -89,15 +91,17 @@ class Scheduler:
         return Batch([w for w, _ in chosen], [n for _, n in chosen], prefill=True)
 
     def _admit_decodes(self, decodes: list[tuple[Work, int]]) -> Batch | None:
-        chosen = []
+        chosen: list[Work] = []
         for w, n in decodes[: self.max_batch]:
-            if self._reserve(w, n):
+            if self.kv is not None and self.kv.length(w.key) == 0:
+                continue  # preempted while this batch was being formed: it re-prefills next step
+            if self._reserve(w, n, {x.key for x in chosen}):
                 chosen.append(w)
         if not chosen:
             return None
         return Batch(chosen, [1] * len(chosen), prefill=False)
 
-    def _reserve(self, w: Work, n: int) -> bool:
+    def _reserve(self, w: Work, n: int, protected: set[str]) -> bool:
         """Room for n more tokens of w: evict idle caches, then preempt less urgent works; a request
         that cannot fit even in an empty cache fails with a clear error."""
         kv = self.kv
@@ -114,18 +118,25 @@ class Scheduler:
                 kv.reserve(w.key, n)
                 return True
             except OutOfBlocks:
-                if not self._make_room(w):
+                if not self._make_room(w, protected):
                     return False
 
-    def _make_room(self, w: Work) -> bool:
+    def _make_room(self, w: Work, protected: set[str]) -> bool:
+        """Free blocks for w: the least recently used idle cache, else the newest running work that is
+        no more urgent than w and not already in the batch being formed."""
         active = {x.key for x in self.works}
         idle = self.kv.lru(exclude=active)
         if idle:
             self.kv.release(idle[0])
+            self.evictions += 1
             return True
-        victims = [x for x in self.works if x is not w and self.kv.length(x.key) > 0 and x.urgency() >= w.urgency()]
+        victims = [
+            x for x in self.works
+            if x is not w and x.key not in protected and self.kv.length(x.key) > 0 and x.urgency() >= w.urgency()
+        ]
         if not victims:
             return False
         victim = victims[-1]  # the newest of the least urgent: the oldest streams keep going
         self.kv.release(victim.key)  # recomputed from its history when it runs again
+        self.preemptions += 1
         return True
