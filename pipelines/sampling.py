@@ -76,6 +76,7 @@ class Sampler:
         self.penalty = f([p.repetition_penalty for p in params], torch.float32)
         self.seed = f([p.seed for p in params], torch.long)
         self.any_penalty = any(p.repetition_penalty != 1.0 for p in params)
+        self.all_greedy = all(p.greedy for p in params)
 
     def __call__(
         self,
@@ -84,13 +85,15 @@ class Sampler:
         seen: torch.Tensor | None = None,
         suppress: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """logits [B, V] -> ids [B]. step [B]: the row's sampling counter; suppress: [V] bool."""
+        """logits [B, V] -> ids [B]. step [B]: the row's sampling counter; suppress: [V] or [B, V] bool."""
         logits = logits.float()
         if seen is not None and self.any_penalty:
             logits = apply_repetition_penalty(logits, seen, self.penalty)
         if suppress is not None:
-            logits = logits.masked_fill(suppress[None, :], float("-inf"))
+            logits = logits.masked_fill(suppress if suppress.dim() == 2 else suppress[None, :], float("-inf"))
         greedy_ids = logits.argmax(dim=-1)
+        if self.all_greedy:
+            return greedy_ids
         scaled = top_k_top_p(logits / self.temperature[:, None], self.top_k, self.top_p)
         gumbel = -torch.log(-torch.log(uniform(self.seed, step, logits.shape[-1])))
         sampled = (scaled + gumbel).argmax(dim=-1)

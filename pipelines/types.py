@@ -44,6 +44,7 @@ class GenerationOptions:
     max_text_tokens: int = 512
     max_frames: int = 1500
     seed: int = 0
+    ignore_eos: bool = False  # benchmarks: never stop early, run to max_text_tokens / max_frames
     thinker: SamplingParams | None = None  # None: the checkpoint's generation_config (greedy if none)
     talker: SamplingParams = SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.05)
     predictor: SamplingParams = SamplingParams(top_k=50, top_p=0.8)

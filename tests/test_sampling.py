@@ -12,6 +12,10 @@ def test_greedy_is_argmax_and_suppression_applies():
     suppress = torch.zeros(50, dtype=torch.bool)
     suppress[logits.argmax(-1)] = True
     assert not suppress[s(logits, step, suppress=suppress)].any()
+    per_row = torch.zeros(3, 50, dtype=torch.bool)
+    per_row[1, logits[1].argmax()] = True  # only row 1 may not take its favourite
+    out = s(logits, step, suppress=per_row)
+    assert out[0] == logits[0].argmax() and out[1] != logits[1].argmax() and out[2] == logits[2].argmax()
 
 
 def test_repetition_penalty_matches_reference_rule():

@@ -47,6 +47,27 @@ def load_model(
         with torch.device("meta"):
             net = Qwen3Omni(cfg)
         load_weights(net, model, device=device, dtype=dtype)
+    return _ready(net, model, device, dtype, start)
+
+
+def random_model(
+    cfg: OmniConfig, device: torch.device | str, dtype: torch.dtype = torch.bfloat16, seed: int = 0
+) -> Qwen3Omni:
+    """Any size with seeded random weights made on `device` (benchmarks: full size without a checkpoint)."""
+    start = time.perf_counter()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # parameters are allocated once, in their final dtype
+    try:
+        with torch.device("meta"):
+            net = Qwen3Omni(cfg)
+    finally:
+        torch.set_default_dtype(default)
+    net = net.to_empty(device=device)
+    random_weights_(net, seed)
+    return _ready(net, "random weights", device, dtype, start)
+
+
+def _ready(net: Qwen3Omni, name: object, device: torch.device | str, dtype: torch.dtype, start: float) -> Qwen3Omni:
     n = sum(p.numel() for p in net.parameters())
-    log.info("loaded %s: %.2f B parameters, %s %s, %.1f s", model, n / 1e9, device, dtype, time.perf_counter() - start)
+    log.info("loaded %s: %.2f B parameters, %s %s, %.1f s", name, n / 1e9, device, dtype, time.perf_counter() - start)
     return net.eval().requires_grad_(False)

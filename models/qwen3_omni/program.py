@@ -211,7 +211,8 @@ class Qwen3OmniProgram:
         return used
 
 
-def build_pipeline(cfg: PipelineConfig) -> Pipeline:
-    model = load_model(cfg.model, cfg.device, getattr(torch, cfg.dtype))
+def build_pipeline(cfg: PipelineConfig, model: Qwen3Omni | None = None) -> Pipeline:
+    """Load `cfg.model` (or use `model`, already on the device) and return its Pipeline, not started."""
+    model = model or load_model(cfg.model, cfg.device, getattr(torch, cfg.dtype))
     tokenizer = Tokenizer.load(cfg.model)
     return Pipeline(Qwen3OmniProgram(model, tokenizer, cfg))

@@ -154,27 +154,36 @@ class ThinkerStep:
         logits = thinker.logits(last_rows(hidden, lengths))
         params = [w.turn.options.thinker or GREEDY for w in works]
         steps = torch.tensor([len(w.turn.reply_ids) for w in works], device=self.device)
-        ids = Sampler(params, self.device)(logits, steps)
+        ids = Sampler(params, self.device)(logits, steps, suppress=self._no_eos(works, logits.shape[-1]))
         embeds = thinker.embed(ids)
         projected = talker.project_text(embeds) if any(w.turn.options.audio for w in works) else None
         for i, (w, token) in enumerate(zip(works, ids.tolist(), strict=True)):
             w.turn.on_token(token, embeds[i], None if projected is None else projected[i])
 
+    def _no_eos(self, works: list[ThinkerWork], vocab: int) -> torch.Tensor | None:
+        rows = [w.turn.options.ignore_eos for w in works]
+        if not any(rows):
+            return None
+        mask = torch.zeros(len(works), vocab, dtype=torch.bool, device=self.device)
+        mask[torch.tensor(rows, device=self.device), self.model.cfg.im_end_token_id] = True
+        return mask
+
     def _talker_user_rows(self, w: ThinkerWork, past: int, n: int, x: torch.Tensor, captured: torch.Tensor) -> None:
         """Talker rows for the user-turn positions among the ones just fed (once per position)."""
         s, cfg = w.turn.session, self.model.cfg
         lo = max(past, s.talker_done_upto)
-        if lo >= past + n:
+        end = min(past + n, len(s.ids) - len(w.turn.reply_ids))  # reply tokens are never user rows
+        s.talker_done_upto = max(s.talker_done_upto, end)
+        if lo >= end:
             return
-        ids = torch.tensor(s.ids[: past + n], device=self.device)
+        ids = torch.tensor(s.ids[:end], device=self.device)
         keep = user_mask(ids, cfg)[lo:]
         if keep.any():
-            local = torch.arange(lo - past, n, device=self.device)[keep]
+            local = torch.arange(lo - past, end - past, device=self.device)[keep]
             audio = (ids[lo:] == cfg.thinker.audio_token_id)[keep]
             talker = self.model.talker
             rows = torch.where(audio[:, None], talker.project_hidden(captured[local]), talker.project_text(x[local]))
             s.talker_users.append(rows)
-        s.talker_done_upto = past + n
 
 
 class TalkerStep:
@@ -203,7 +212,11 @@ class TalkerStep:
         vocab = self.suppress.shape[0]
         seen = torch.stack([w.seen if w.seen is not None else self.suppress.new_zeros(vocab) for w in works])
         talker_params = [GREEDY_TALKER(o.talker) if o.greedy else o.talker for o in opts]
-        code0 = Sampler(talker_params, self.device)(talker.codec_logits(last), frames, seen, self.suppress)
+        suppress = self.suppress
+        if any(o.ignore_eos for o in opts):
+            suppress = suppress.expand(len(works), -1).clone()
+            suppress[torch.tensor([o.ignore_eos for o in opts], device=self.device), self.eos] = True
+        code0 = Sampler(talker_params, self.device)(talker.codec_logits(last), frames, seen, suppress)
         predictor = Sampler([GREEDY if o.greedy else o.predictor for o in opts], self.device)
         frame = talker.next_frame(last, code0, lambda logits, step: predictor(logits, frames * 16 + step))
         for i, (w, codes) in enumerate(zip(works, frame.codes.tolist(), strict=True)):
