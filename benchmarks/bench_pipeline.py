@@ -42,14 +42,14 @@ def speech_like(seconds: float) -> torch.Tensor:
 
 async def one_turn(pipeline: Pipeline, session: str, messages: list[Message], opts: GenerationOptions) -> dict:
     start = time.perf_counter()
-    first_text = first_audio = None
+    first_text = first_audio = last_text = last_audio = None
     samples = 0
     async for event in pipeline.submit(Turn(session, messages, opts)):
         now = time.perf_counter()
         if isinstance(event, TextDelta):
-            first_text = first_text or now
+            first_text, last_text = first_text or now, now
         elif isinstance(event, AudioChunk):
-            first_audio = first_audio or now
+            first_audio, last_audio = first_audio or now, now
             samples += len(event.pcm)
         elif isinstance(event, TurnDone):
             assert len(event.text_ids) == opts.max_text_tokens and len(event.codes) == opts.max_frames, event.status
@@ -57,7 +57,9 @@ async def one_turn(pipeline: Pipeline, session: str, messages: list[Message], op
             raise RuntimeError(f"turn failed: {event}")
     total = time.perf_counter() - start
     return {"ttfa_ms": (first_audio - start) * 1e3, "first_text_ms": (first_text - start) * 1e3,
-            "total_ms": total * 1e3, "audio_s": samples / 24000, "rtf": total / (samples / 24000)}
+            "total_ms": total * 1e3, "audio_s": samples / 24000, "rtf": total / (samples / 24000),
+            "text_ms_per_token": (last_text - first_text) * 1e3 / max(1, opts.max_text_tokens - 1),
+            "audio_ms_per_frame": (last_audio - first_audio) * 1e3 / max(1, opts.max_frames - 1)}
 
 
 async def run_level(pipeline: Pipeline, n: int, rep: int, messages: list[Message], opts: GenerationOptions) -> list:

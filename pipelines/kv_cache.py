@@ -135,7 +135,8 @@ class BatchKV:
         t, total = max(new), max(p + n for p, n in zip(past, new, strict=True))
         self.write_slots = torch.cat([cache.slots(s, p, p + n) for (s, n), p in zip(rows, past, strict=True)]).to(dev)
         qpos = torch.arange(t)
-        self.new_valid = (qpos[None, :] < torch.tensor(new)[:, None]).to(dev)  # [B, T]
+        valid = qpos[None, :] < torch.tensor(new)[:, None]  # [B, T]
+        self.new_rows = valid.reshape(-1).nonzero().squeeze(1).to(dev)  # flat [B*T] index of real tokens
         read = torch.zeros(len(rows), total, dtype=torch.long)
         for r, ((s, n), p) in enumerate(zip(rows, past, strict=True)):
             read[r, : p + n] = cache.slots(s, 0, p + n)
@@ -148,8 +149,9 @@ class BatchKV:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         kc, vc = self.cache.k[layer], self.cache.v[layer]
-        kc[self.write_slots] = k[self.new_valid].to(kc.dtype)
-        vc[self.write_slots] = v[self.new_valid].to(vc.dtype)
+        b, t = q.shape[:2]
+        kc[self.write_slots] = k.reshape(b * t, *k.shape[2:])[self.new_rows].to(kc.dtype)
+        vc[self.write_slots] = v.reshape(b * t, *v.shape[2:])[self.new_rows].to(vc.dtype)
         keys, values = kc[self.read_slots].to(q.dtype), vc[self.read_slots].to(q.dtype)
         out = torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=self.mask, scale=scale,

@@ -3,8 +3,12 @@
 Every unit of work is a sequence with a history of inputs, of which the first `kv.length(key)` are in
 the cache. A step feeds the rest (`pending()` inputs) and samples. Many pending inputs is a prefill,
 one is a decode: a sequence whose cache was evicted or preempted simply becomes a prefill again and is
-recomputed from its history. Prefills go first unless a running sequence is urgent (its audio is about
-to run out); decodes run in order of urgency, up to `max_batch` rows.
+recomputed from its history.
+
+Order: a new turn's prefill is what stands between a listener and their first audio, so prefills go
+first, within a token budget per step. The exception is a stream that is still ahead of real time but
+about to run dry (less than URGENT_S buffered): it is served first, so it does not glitch. A stream that
+is already behind is not helped by starving new turns. Decodes run most urgent first, up to max_batch.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ class Work(Protocol):
         ...
 
     def urgency(self) -> float:
-        """Seconds until this work's listener runs out of audio (smaller runs sooner)."""
+        """Seconds of audio the listener has left (negative: behind real time, or waiting that long for
+        the first audio); smaller runs sooner. Text-only work: infinity."""
         ...
 
     def fail(self, code: str, message: str) -> None: ...
@@ -64,7 +69,7 @@ class Scheduler:
             return None
         decodes = sorted(((w, n) for w, n in ready if n == 1 and self._cached(w)), key=lambda x: x[0].urgency())
         prefills = [(w, n) for w, n in ready if not (n == 1 and self._cached(w))]
-        urgent = decodes and decodes[0][0].urgency() < URGENT_S
+        urgent = any(0 <= w.urgency() < URGENT_S for w, _ in decodes)
         if prefills and not urgent:
             batch = self._admit_prefills(prefills)
             if batch is not None:

@@ -96,12 +96,14 @@ class TurnState:
             self.emit_event(event)
 
     def urgency(self) -> float:
-        """Seconds of audio the listener still has buffered (0 before the first audio)."""
+        """Seconds of audio the listener still has buffered; before the first audio, minus the time the
+        listener has been waiting for it."""
         if not self.options.audio:
             return float("inf")
+        now = time.perf_counter()
         if self.t_first_audio is None:
-            return 0.0
-        return self.audio_samples / 24000 - (time.perf_counter() - self.t_first_audio)
+            return self.t_start - now
+        return self.audio_samples / 24000 - (now - self.t_first_audio)
 
     def on_prompt_embeds(self, embeds: torch.Tensor) -> None:
         """This turn's new thinker inputs are embedded: they join the session, ready to prefill."""
