@@ -12,12 +12,13 @@ each stage, downstream stages first, so audio already promised to listeners keep
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from .stage import Stage
 from .types import Event, Turn, TurnDone, TurnError
@@ -25,6 +26,7 @@ from .types import Event, Turn, TurnDone, TurnError
 log = logging.getLogger(__name__)
 
 Emit = Callable[[Event], None]
+T = TypeVar("T")
 
 
 class Program(Protocol):
@@ -112,6 +114,20 @@ class Pipeline:
         while not out or not isinstance(out[-1], TurnDone | TurnError):
             out.append(events.get(timeout=timeout_s))
         return out
+
+    def request(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Run `fn` on the engine thread between steps; its result (or exception) in a Future
+        (`await asyncio.wrap_future(...)` from asyncio code)."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn())
+            except Exception as e:
+                future.set_exception(e)
+
+        self.call(run)
+        return future
 
     def abort(self, turn_id: str) -> None:
         self.call(lambda: self.program.abort_turn(turn_id))

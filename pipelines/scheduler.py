@@ -68,7 +68,7 @@ class Scheduler:
         if not ready:
             return None
         decodes = sorted(((w, n) for w, n in ready if n == 1 and self._cached(w)), key=lambda x: x[0].urgency())
-        prefills = [(w, n) for w, n in ready if not (n == 1 and self._cached(w))]
+        prefills = sorted(((w, n) for w, n in ready if not (n == 1 and self._cached(w))), key=lambda x: x[0].urgency())
         urgent = any(0 <= w.urgency() < URGENT_S for w, _ in decodes)
         if prefills and not urgent:
             batch = self._admit_prefills(prefills)

@@ -11,7 +11,7 @@ import torch
 
 from .sampling import SamplingParams
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
 _ids = itertools.count(1)
 
 
@@ -20,16 +20,28 @@ def new_id(prefix: str) -> str:
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # JSON object, as text
+    call_id: str = ""
+
+
+@dataclass(frozen=True)
 class Message:
-    """One new message of a conversation. `audio`: mono float32 PCM at 16 kHz, user messages only."""
+    """One new message of a conversation. `audio`: mono float32 PCM at 16 kHz, user messages only.
+    A "tool" message carries a function's output as `text`; an assistant message may carry the tool
+    calls it made (history re-sent after a reset)."""
 
     role: Role
     text: str = ""
     audio: torch.Tensor | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
 
     def __post_init__(self) -> None:
         if self.audio is not None and (self.role != "user" or self.audio.dim() != 1):
             raise ValueError("audio must be a 1-D 16 kHz waveform on a user message")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool calls")
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,9 @@ class GenerationOptions:
     max_frames: int = 1500
     seed: int = 0
     ignore_eos: bool = False  # benchmarks: never stop early, run to max_text_tokens / max_frames
+    background: bool = False  # runs after every foreground turn's work (e.g. input transcription)
+    tools: tuple[dict, ...] = ()  # function tools, OpenAI form {"type": "function", "name", "parameters", ...}
+    tool_choice: str | dict = "auto"
     thinker: SamplingParams | None = None  # None: the checkpoint's generation_config (greedy if none)
     talker: SamplingParams = SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.05)
     predictor: SamplingParams = SamplingParams(top_k=50, top_p=0.8)
@@ -69,6 +84,7 @@ class TextDelta:
     turn_id: str
     text: str
     token_ids: tuple[int, ...]
+    tool_call: bool = False  # part of a tool call: not speech, not a transcript
 
 
 @dataclass(frozen=True)
@@ -97,6 +113,8 @@ class TurnDone:
     codes: tuple[tuple[int, ...], ...]  # frames x codebooks
     usage: Usage
     timings: dict[str, float]
+    tool_calls: tuple[ToolCall, ...] = ()
+    invalid_tool_calls: tuple[str, ...] = ()  # tool-call blocks whose JSON did not parse
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from pipelines.types import AudioChunk, Event, GenerationOptions, TextDelta, Tur
 
 from .talker_prompt import TtsEmbeds
 from .tokenizer import StreamDecoder
+from .tools import parse_tool_calls
 
 
 class Rows:
@@ -44,6 +45,17 @@ class Rows:
     def all(self) -> torch.Tensor:
         return self.tail(0)
 
+    def truncate(self, n: int) -> None:
+        """Keep rows 0..n-1."""
+        while self.n > n:
+            last = self.chunks[-1]
+            drop = min(last.shape[0], self.n - n)
+            self.n -= drop
+            if drop == last.shape[0]:
+                self.chunks.pop()
+            else:
+                self.chunks[-1] = last[: last.shape[0] - drop]
+
 
 @dataclass
 class Session:
@@ -54,6 +66,13 @@ class Session:
     talker_done_upto: int = 0  # ids before this index have their user rows in talker_users
     turn: TurnState | None = None
     turns: int = 0
+    replies: dict[str, tuple[int, list[int]]] = field(default_factory=dict)  # turn -> (start in ids, reply ids)
+
+    def truncate(self, length: int) -> None:
+        """Forget every input from `length` on (the KV cache is rolled back by the caller)."""
+        del self.ids[length:]
+        self.embeds.truncate(length)
+        self.talker_done_upto = min(self.talker_done_upto, length)
 
     @property
     def kv_key(self) -> str:
@@ -74,6 +93,8 @@ class TurnState:
     cached_tokens: int = 0
     audio_features: list[torch.Tensor] = field(default_factory=list)
     prompt_ready: bool = False
+    speaking: bool = True  # False for text-only turns and for replies that are tool calls
+    tool_call_id: int = -1  # the token that opens a tool call (<tool_call>)
     reply_ids: list[int] = field(default_factory=list)
     thinker_done: bool = False
     text_stop: str = "completed"
@@ -98,7 +119,7 @@ class TurnState:
     def urgency(self) -> float:
         """Seconds of audio the listener still has buffered; before the first audio, minus the time the
         listener has been waiting for it."""
-        if not self.options.audio:
+        if not self.speaking or self.options.background:
             return float("inf")
         now = time.perf_counter()
         if self.t_first_audio is None:
@@ -109,6 +130,7 @@ class TurnState:
         """This turn's new thinker inputs are embedded: they join the session, ready to prefill."""
         self.session.ids.extend(self.prompt_ids)
         self.session.embeds.append(embeds)
+        self.session.replies[self.turn_id] = (len(self.session.ids), self.reply_ids)
         self.prompt_ready = True
 
     def on_token(self, token: int, embed: torch.Tensor, projected: torch.Tensor | None) -> None:
@@ -119,9 +141,12 @@ class TurnState:
         self.reply_ids.append(token)
         self.session.ids.append(token)
         self.session.embeds.append(embed[None])
-        self.emit(TextDelta(self.turn_id, self.decoder.push(token), (token,)))
+        if first and token == self.tool_call_id:  # a function call is not spoken
+            self.speaking, self.audio_done = False, True
+        in_call = self.reply_ids[0] == self.tool_call_id
+        self.emit(TextDelta(self.turn_id, self.decoder.push(token), (token,), tool_call=in_call))
         final = token == self.im_end or len(self.reply_ids) >= self.options.max_text_tokens
-        if self.options.audio:
+        if self.speaking:
             if first:
                 self.head_embeds = self.session.embeds.tail(self.session.embeds.n - 4)
             elif not final:
@@ -163,7 +188,7 @@ class TurnState:
         self.on_close()
 
     def maybe_finish(self) -> bool:
-        if self.finished or not self.thinker_done or (self.options.audio and not self.audio_done):
+        if self.finished or not self.thinker_done or (self.speaking and not self.audio_done):
             return False
         self.finish("completed" if "length" not in (self.text_stop, self.audio_stop) else "length")
         return True
@@ -186,7 +211,9 @@ class TurnState:
         usage = Usage(len(self.prompt_ids) + self.cached_tokens, self.cached_tokens, len(self.reply_ids),
                       len(self.codes))
         text = self.decoder.tokenizer.decode(self.reply_ids, skip_special=True)
+        is_call = bool(self.reply_ids) and self.reply_ids[0] == self.tool_call_id
+        calls, invalid = parse_tool_calls(text) if is_call else ([], [])
         self.emit(TurnDone(self.turn_id, status, text, tuple(self.reply_ids), tuple(map(tuple, self.codes)),
-                           usage, timings))
+                           usage, timings, tuple(calls), tuple(invalid)))
         self._close()
 

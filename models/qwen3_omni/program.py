@@ -19,7 +19,7 @@ from pipelines.kv_cache import KVLayout
 from pipelines.pipeline import Emit, Pipeline
 from pipelines.sampling import SamplingParams
 from pipelines.stage import Stage, StageConfig
-from pipelines.types import Turn, TurnError
+from pipelines.types import Message, Turn, TurnError
 
 from . import chat
 from .audio_features import audio_token_count, log_mel
@@ -39,6 +39,7 @@ from .stages import (
     Work,
 )
 from .tokenizer import Tokenizer
+from .tools import merge_tool_results, tool_call_text, tool_response_text, with_tools
 
 log = logging.getLogger(__name__)
 STAGE_NAMES = ("code2wav", "talker", "thinker", "audio_encoder")  # run order: downstream first
@@ -156,19 +157,21 @@ class Qwen3OmniProgram:
                 frames = int(mask.sum())
                 features.append(feats[0, :, :frames])
                 tokens = int(audio_token_count(frames, self.model.cfg.thinker.audio.n_window))
-            turns.append(chat.Turn(m.role, m.text, tokens))
+            turns.append(self._chat_turn(m, tokens))
+        if opts.tools and not session.ids:
+            turns = with_tools(turns, list(opts.tools), opts.tool_choice)
         im_end = self.model.cfg.im_end_token_id
         if not session.ids:
-            prompt = chat.render(self.tokenizer, turns)
+            prompt = chat.render(self.tokenizer, merge_tool_results(turns))
         else:
             closing = [] if session.ids[-1] == im_end else [im_end]  # a reply cut short still ends its turn
-            prompt = chat.Prompt(tuple(closing)) + chat.render_continuation(self.tokenizer, turns)
+            prompt = chat.Prompt(tuple(closing)) + chat.render_continuation(self.tokenizer, merge_tool_results(turns))
         if opts.thinker is None and self.thinker_sampling is not None and not opts.greedy:
             opts = type(opts)(**{**opts.__dict__, "thinker": self.thinker_sampling})
         state = TurnState(
             turn.turn_id, session, opts, emit, self.tokenizer.stream_decoder(skip_special=True), im_end,
             self.steps["thinker"].tts, prompt_ids=list(prompt.ids), cached_tokens=len(session.ids),
-            audio_features=features,
+            audio_features=features, speaking=opts.audio, tool_call_id=self.tokenizer.special_ids["<tool_call>"],
         )
         works: list[tuple[Stage, Work]] = []
         s = self.by_name
@@ -182,6 +185,39 @@ class Qwen3OmniProgram:
             works.append((s["talker"], TalkerWork(state, s["talker"].kv, self.steps["talker"].prompt)))
             works.append((s["code2wav"], Code2WavWork(state, Code2WavStream(self.model.code2wav))))
         return state, works
+
+    @staticmethod
+    def _chat_turn(m: Message, audio_tokens: int) -> chat.Turn:
+        if m.role == "tool":
+            return chat.Turn("user", tool_response_text(m.text))
+        text = m.text
+        if m.tool_calls:
+            calls = "\n".join(tool_call_text(c.name, c.arguments) for c in m.tool_calls)
+            text = f"{text}\n{calls}" if text else calls
+        return chat.Turn(m.role, text, audio_tokens)
+
+    def truncate_reply(self, session_id: str, turn_id: str, audio_end_ms: int) -> tuple[int, str]:
+        """Cut a reply back to what the listener heard (its first `audio_end_ms` of audio). The talker
+        reads one reply token per codec frame, so the frames whose audio had begun carry the tokens
+        that were heard. The session's inputs and KV cache are rolled back to match. Only the session's
+        latest reply can be cut in place. Returns (tokens kept, their text)."""
+        c2w = self.model.cfg.code2wav
+        samples = audio_end_ms * 24
+        frames_heard = 0 if samples <= 0 else -(-(samples + self.model.code2wav.holdback) // c2w.samples_per_frame)
+        session = self.sessions.get(session_id)
+        if session is None or turn_id not in session.replies:
+            raise KeyError(f"no reply {turn_id} in session {session_id}")
+        if session.turn is not None and session.turn.turn_id == turn_id:
+            session.turn.finish("cancelled")
+        start, reply = session.replies[turn_id]
+        if start + len(reply) < len(session.ids) or session.turn is not None:
+            raise ValueError("only the latest reply of an idle session can be truncated")
+        keep = max(0, min(len(reply), frames_heard))
+        session.truncate(start + keep)
+        del reply[keep:]
+        kv = self.by_name["thinker"].kv
+        kv.truncate(session.kv_key, min(kv.length(session.kv_key), start + keep))
+        return keep, self.tokenizer.decode(reply, skip_special=True)
 
     def abort_turn(self, turn_id: str) -> None:
         entry = self.turns.get(turn_id)

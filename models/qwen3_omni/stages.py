@@ -88,7 +88,7 @@ class TalkerWork(Work):
 
     def pending(self) -> int:
         t = self.turn
-        if t.finished or t.talker_done:
+        if t.finished or t.talker_done or not t.speaking:
             return 0
         if self.inputs.n == 0:
             if t.head_embeds is None:  # the talker starts on the thinker's first reply token
@@ -148,15 +148,14 @@ class ThinkerStep:
         pasts = [w.kv.length(w.key) for w in works]
         x = pad_rows([w.turn.session.embeds.tail(p)[:n] for w, p, n in zip(works, pasts, lengths, strict=True)])
         hidden, captured = thinker(x, kv.positions, kv, capture_layer=self.capture)
-        if any(w.turn.options.audio for w in works):
-            for i, w in enumerate(works):
-                self._talker_user_rows(w, pasts[i], lengths[i], x[i], captured[i])
+        for i, w in enumerate(works):  # every turn's user rows: a later turn may speak
+            self._talker_user_rows(w, pasts[i], lengths[i], x[i], captured[i])
         logits = thinker.logits(last_rows(hidden, lengths))
         params = [w.turn.options.thinker or GREEDY for w in works]
         steps = torch.tensor([len(w.turn.reply_ids) for w in works], device=self.device)
         ids = Sampler(params, self.device)(logits, steps, suppress=self._no_eos(works, logits.shape[-1]))
         embeds = thinker.embed(ids)
-        projected = talker.project_text(embeds) if any(w.turn.options.audio for w in works) else None
+        projected = talker.project_text(embeds) if any(w.turn.speaking for w in works) else None
         for i, (w, token) in enumerate(zip(works, ids.tolist(), strict=True)):
             w.turn.on_token(token, embeds[i], None if projected is None else projected[i])
 

@@ -1,0 +1,204 @@
+"""Qwen's function-calling format: tools offered in the system turn, calls and results as tagged JSON text.
+
+Byte for byte what Qwen3's chat template renders (Qwen3-VL's tool parts are identical; we assume Qwen3-Omni's
+are too, its checkpoint template being unavailable offline), so these strings in `chat.Turn`s tokenize as the
+reference would:
+
+- system turn: the session's instructions, "\\n\\n", then the "# Tools" block with one `tojson` line per tool
+  (json.dumps, default separators, ensure_ascii=False, keys in the given order). Without instructions the
+  system turn is the block alone. Qwen2.5's template differs here: it puts its default "You are Qwen,
+  created by Alibaba Cloud. You are a helpful assistant." first. Without tools nothing is added.
+- assistant turn: its text, then each call as `<tool_call>\\n{"name": "NAME", "arguments": ARGS}\\n</tool_call>`,
+  the pieces joined by "\\n" (no separator before the first call when there is no text).
+- tool results: consecutive results form ONE user turn, each `<tool_response>\\nOUTPUT\\n</tool_response>`,
+  joined by "\\n".
+
+<tool_call>, </tool_call>, <tool_response> and </tool_response> are single special tokens (151657, 151658,
+151665, 151666). Qwen has no native tool_choice; `tools_system` documents what we do instead. Tools and
+tool_choice live in the system turn, so changing them mid-session changes the cached prompt prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from pipelines.types import ToolCall
+
+from .chat import Turn
+
+TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
+TOOL_RESPONSE_START, TOOL_RESPONSE_END = "<tool_response>", "</tool_response>"
+TOOLS_HEADER = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_FOOTER = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+    "</tool_call>"
+)
+# Our own wording (Qwen was not trained on a tool_choice signal): added to the instructions, before the block.
+REQUIRED_INSTRUCTION = "In this reply, you must call at least one of the functions below."
+FORCED_INSTRUCTION = 'In this reply, you must call the function "{name}".'
+Tools = Sequence[Mapping[str, Any]]  # Realtime function tools, or the Chat Completions form
+_BLOCK = re.compile(re.escape(TOOL_CALL_START) + r"(.*?)(?:" + re.escape(TOOL_CALL_END) + r"|\Z)", re.DOTALL)
+
+
+def qwen_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """A Realtime function tool {"type": "function", "name", "description", "parameters"} in the Chat
+    Completions form Qwen's template prints: {"type": "function", "function": {"name", "description",
+    "parameters"}}. Absent keys stay absent; a tool already in that form passes through unchanged."""
+    if tool.get("type") != "function":
+        raise ValueError(f"only function tools are supported, got type {tool.get('type')!r}")
+    if isinstance(tool.get("function"), Mapping):
+        return {"type": "function", "function": dict(tool["function"])}
+    if not isinstance(tool.get("name"), str) or not tool["name"]:
+        raise ValueError(f"a function tool needs a non-empty name, got {tool!r}")
+    fields = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+    return {"type": "function", "function": fields}
+
+
+def _tool_name(tool: Mapping[str, Any]) -> str:
+    return qwen_tool(tool)["function"]["name"]
+
+
+def render_tools_system(system_text: str, tools: Tools) -> str:
+    """The system turn's text (between "system\\n" and <|im_end|>) offering `tools` (Realtime or Qwen form).
+    Empty `system_text` counts as no system message; no tools leaves `system_text` as it is."""
+    if not tools:
+        return system_text
+    lines = "".join("\n" + json.dumps(qwen_tool(t), ensure_ascii=False) for t in tools)
+    block = TOOLS_HEADER + lines + TOOLS_FOOTER
+    return f"{system_text}\n\n{block}" if system_text else block
+
+
+def tools_system(system_text: str, tools: Tools, tool_choice: str | Mapping = "auto") -> str:
+    """The system turn's text for a Realtime `tools` + `tool_choice`:
+
+    - "auto": every tool offered, the model decides (Qwen's only native mode).
+    - "none": no tools block at all, so the model cannot call (earlier calls and results in history stay).
+    - "required": every tool offered, and REQUIRED_INSTRUCTION appended to the instructions.
+    - {"type": "function", "name": N}: only tool N offered, and FORCED_INSTRUCTION appended.
+
+    The instructions go into the system text, so the rendered turn is still one Qwen's template produces.
+    Nothing forces the model; the gateway may check the reply. Unknown choices or names raise ValueError.
+    """
+    if tool_choice == "none":
+        return system_text
+    if tool_choice == "auto":
+        return render_tools_system(system_text, tools)
+    if tool_choice == "required":
+        if not tools:
+            raise ValueError('tool_choice "required" needs at least one tool')
+        instruction = REQUIRED_INSTRUCTION
+    elif isinstance(tool_choice, Mapping) and tool_choice.get("type") == "function":
+        name = tool_choice.get("name") or (tool_choice.get("function") or {}).get("name")
+        tools = [t for t in tools if _tool_name(t) == name]
+        if not tools:
+            raise ValueError(f"tool_choice names function {name!r}, which is not among the tools")
+        instruction = FORCED_INSTRUCTION.format(name=name)
+    else:
+        raise ValueError(f"tool_choice must be auto, none, required or a function, got {tool_choice!r}")
+    return render_tools_system(f"{system_text}\n\n{instruction}" if system_text else instruction, tools)
+
+
+def tool_call_text(name: str, arguments_json: str) -> str:
+    """One call as the template renders it in an assistant turn. JSON arguments are re-printed the way the
+    template prints an arguments object (tojson: ", " and ": "), which is how the model writes them and how
+    vLLM hands OpenAI-style string arguments to the template; text that is not JSON goes in verbatim."""
+    try:
+        arguments = json.dumps(json.loads(arguments_json), ensure_ascii=False)
+    except json.JSONDecodeError:
+        arguments = arguments_json
+    return f'{TOOL_CALL_START}\n{{"name": "{name}", "arguments": {arguments}}}\n{TOOL_CALL_END}'
+
+
+def assistant_text(text: str, calls: Iterable[ToolCall]) -> str:
+    """An assistant turn's content: its text, then its tool calls, each on a new line."""
+    parts = [text] if text else []
+    parts += [tool_call_text(c.name, c.arguments) for c in calls]
+    return "\n".join(parts)
+
+
+def tool_response_text(output: str) -> str:
+    """One function result, as it appears in the user turn that carries it."""
+    return f"{TOOL_RESPONSE_START}\n{output}\n{TOOL_RESPONSE_END}"
+
+
+def tool_responses_text(outputs: Iterable[str]) -> str:
+    """The content of the one user turn that carries consecutive function results."""
+    return "\n".join(tool_response_text(o) for o in outputs)
+
+
+def _parse_block(body: str) -> ToolCall | None:
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    arguments = obj.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return ToolCall(obj["name"], json.dumps(arguments, ensure_ascii=False, separators=(",", ":")))
+
+
+def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
+    """The <tool_call>{"name": ..., "arguments": ...}</tool_call> blocks of model output, in order: the valid
+    calls, and the invalid blocks' raw text (stripped, tags removed). Never raises: a block that is not JSON,
+    has no non-empty string "name", or whose "arguments" is not a JSON object (or a string holding one) is
+    invalid, and the gateway reports it as an error event. Arguments come back as a compact JSON object
+    string, as the OpenAI protocol sends them; missing arguments are {}. A block left open at the end (the
+    model stopped early) is read like a closed one. `strip_tool_calls` gives the text around the blocks."""
+    calls: list[ToolCall] = []
+    invalid: list[str] = []
+    for match in _BLOCK.finditer(text):
+        body = match.group(1).strip()
+        call = _parse_block(body)
+        if call is None:
+            invalid.append(body)
+        else:
+            calls.append(call)
+    return calls, invalid
+
+
+def strip_tool_calls(text: str) -> str:
+    """Model output without its tool-call blocks (valid or not), stripped of surrounding whitespace."""
+    return _BLOCK.sub("", text).strip()
+
+
+def with_tools(turns: list[Turn], tools: Tools, tool_choice: str | Mapping = "auto") -> list[Turn]:
+    """A session's first turns with the tools offered in its system turn (one is added when there is none)."""
+    has_system = bool(turns) and turns[0].role == "system"
+    system = tools_system(turns[0].text if has_system else "", tools, tool_choice)
+    if not system and not has_system:
+        return list(turns)
+    return [Turn("system", system), *turns[int(has_system) :]]
+
+
+def _is_tool_result(turn: Turn) -> bool:
+    return (
+        turn.role == "user"
+        and not turn.audio_tokens
+        and turn.text.startswith(TOOL_RESPONSE_START)
+        and turn.text.endswith(TOOL_RESPONSE_END)
+    )
+
+
+def merge_tool_results(turns: Iterable[Turn]) -> list[Turn]:
+    """Consecutive tool-result user turns (tool_response_text each) joined into one, as the template does."""
+    out: list[Turn] = []
+    for turn in turns:
+        if out and _is_tool_result(turn) and _is_tool_result(out[-1]):
+            out[-1] = Turn("user", f"{out[-1].text}\n{turn.text}")
+        else:
+            out.append(turn)
+    return out
