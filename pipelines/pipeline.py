@@ -40,6 +40,10 @@ class Program(Protocol):
 
     def end_session(self, session_id: str) -> None: ...
 
+    def truncate_reply(self, session_id: str, turn_id: str, audio_end_ms: int) -> tuple[str, bool]:
+        """Cut a reply to its first `audio_end_ms` of audio: (heard text, whether the cache rolled back)."""
+        ...
+
 
 class Pipeline:
     def __init__(self, program: Program, idle_wait_s: float = 0.05) -> None:

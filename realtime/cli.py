@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 import numpy as np
@@ -27,6 +28,13 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the OpenAI-Realtime-compatible WebSocket server")
     add_model_args(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    serve.add_argument("--api-key", default=os.environ.get("OMNI_REALTIME_API_KEY"),
+                       help="require this key (Bearer header or browser subprotocol); env OMNI_REALTIME_API_KEY")
+    serve.add_argument("--max-sessions", type=int, default=32, help="beyond this, new sockets close with 1013")
+    serve.add_argument("--max-session-minutes", type=float, default=60.0, help="a session's longest life")
+    serve.add_argument("--model-name", default="qwen3-omni", help="the model id that /v1/models reports")
     gen = sub.add_parser("generate", help="answer one turn offline through the streaming pipeline")
     add_model_args(gen)
     gen.add_argument("--audio", help="input WAV (16-bit PCM or float32, any rate, mono or stereo)")
@@ -93,12 +101,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "generate":
         return generate(args)
-    print(
-        "omni-realtime serve: the WebSocket gateway is not available yet (it lands with the gateway issue). "
-        "`omni-realtime generate` runs one turn through the pipeline.",
-        file=sys.stderr,
-    )
-    return 2
+    return serve(args)
+
+
+def serve(args: argparse.Namespace) -> int:
+    from models.registry import build_pipeline
+
+    from .server import ServerConfig, run
+
+    if args.max_sessions < 1 or args.max_session_minutes <= 0:
+        print("serve: --max-sessions and --max-session-minutes must be positive", file=sys.stderr)
+        return 2
+    pipeline = build_pipeline(args.model, args.device or default_device(), args.dtype)
+    cfg = ServerConfig(model_name=args.model_name, api_key=args.api_key or None, max_sessions=args.max_sessions,
+                       max_session_s=args.max_session_minutes * 60)
+    run(pipeline, cfg, args.host, args.port)
+    return 0
 
 
 if __name__ == "__main__":

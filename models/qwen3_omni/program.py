@@ -196,28 +196,29 @@ class Qwen3OmniProgram:
             text = f"{text}\n{calls}" if text else calls
         return chat.Turn(m.role, text, audio_tokens)
 
-    def truncate_reply(self, session_id: str, turn_id: str, audio_end_ms: int) -> tuple[int, str]:
+    def truncate_reply(self, session_id: str, turn_id: str, audio_end_ms: int) -> tuple[str, bool]:
         """Cut a reply back to what the listener heard (its first `audio_end_ms` of audio). The talker
         reads one reply token per codec frame, so the frames whose audio had begun carry the tokens
-        that were heard. The session's inputs and KV cache are rolled back to match. Only the session's
-        latest reply can be cut in place. Returns (tokens kept, their text)."""
-        c2w = self.model.cfg.code2wav
-        samples = audio_end_ms * 24
-        frames_heard = 0 if samples <= 0 else -(-(samples + self.model.code2wav.holdback) // c2w.samples_per_frame)
+        that were heard. When this is the session's latest reply, its inputs and KV cache are rolled
+        back to match. Returns (the heard text, whether the session was rolled back)."""
         session = self.sessions.get(session_id)
         if session is None or turn_id not in session.replies:
             raise KeyError(f"no reply {turn_id} in session {session_id}")
         if session.turn is not None and session.turn.turn_id == turn_id:
             session.turn.finish("cancelled")
+        c2w = self.model.cfg.code2wav
+        samples = audio_end_ms * 24
+        frames = 0 if samples <= 0 else -(-(samples + self.model.code2wav.holdback) // c2w.samples_per_frame)
         start, reply = session.replies[turn_id]
+        keep = max(0, min(len(reply), frames))
+        text = self.tokenizer.decode(reply[:keep], skip_special=True)
         if start + len(reply) < len(session.ids) or session.turn is not None:
-            raise ValueError("only the latest reply of an idle session can be truncated")
-        keep = max(0, min(len(reply), frames_heard))
+            return text, False  # later turns were built on the whole reply: the caller re-reads the conversation
         session.truncate(start + keep)
         del reply[keep:]
         kv = self.by_name["thinker"].kv
         kv.truncate(session.kv_key, min(kv.length(session.kv_key), start + keep))
-        return keep, self.tokenizer.decode(reply, skip_special=True)
+        return text, True
 
     def abort_turn(self, turn_id: str) -> None:
         entry = self.turns.get(turn_id)

@@ -1,0 +1,201 @@
+"""One response: pipeline events in, Realtime server events out, in the order OpenAI sends them.
+
+response.created -> output_item.added -> conversation.item.added -> content_part.added ->
+output_audio.delta / output_audio_transcript.delta (or output_text.delta) ... -> *.done ->
+content_part.done -> conversation.item.done -> output_item.done -> response.done -> rate_limits.updated.
+A reply that is a tool call becomes function_call items (with function_call_arguments.delta/done).
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from pipelines.types import AudioChunk, Event, TextDelta, TurnDone, TurnError
+
+from .audio import AudioFormat, OutputEncoder
+from .items import Conversation, Item
+from .protocol import new_id
+
+Send = Callable[[dict], None]
+
+
+@dataclass
+class Response:
+    send: Send
+    conversation: Conversation | None  # None: out of band (conversation "none")
+    modality: str  # "audio" or "text"
+    output_format: AudioFormat
+    voice: str
+    max_output_tokens: int | str
+    metadata: dict | None = None
+    started: float = field(default_factory=time.perf_counter)  # for time to first audio
+    id: str = field(default_factory=lambda: new_id("resp"))
+    turn_id: str | None = None
+    status: str = "in_progress"
+    reason: str | None = None
+    error: dict | None = None
+    items: list[Item] = field(default_factory=list)
+    transcript: str = ""
+    first_audio_s: float | None = None
+    audio_samples: int = 0
+    cancel_reason: str | None = None
+    on_audio_start: Callable[[float], None] | None = None
+
+    def shell(self) -> dict:
+        out = {"id": self.id, "object": "realtime.response", "status": self.status,
+               "status_details": None, "output": [i.data for i in self.items],
+               "conversation_id": "conv_default" if self.conversation is not None else None,
+               "output_modalities": [self.modality], "max_output_tokens": self.max_output_tokens,
+               "audio": {"output": {"format": self.output_format.to_config(), "voice": self.voice}},
+               "metadata": self.metadata, "usage": None}
+        if self.status != "in_progress":
+            details = {"type": self.status, "reason": self.reason}
+            if self.error:
+                details["error"] = self.error
+            out["status_details"] = details
+        return out
+
+    def created(self) -> None:
+        self.send({"type": "response.created", "response": self.shell()})
+
+    async def run(self, events: AsyncIterator[Event]) -> None:
+        message: Item | None = None
+        encoder = OutputEncoder(self.output_format)
+        call_text: list[str] = []
+        async for event in events:
+            if isinstance(event, TextDelta):
+                if event.tool_call:
+                    call_text.append(event.text)
+                    continue
+                message = message or self._open_message()
+                if event.text:
+                    self.transcript += event.text
+                    kind = "response.output_audio_transcript.delta" if self.modality == "audio" else \
+                        "response.output_text.delta"
+                    self.send({"type": kind, **self._where(message), "delta": event.text})
+            elif isinstance(event, AudioChunk):
+                message = message or self._open_message()
+                data = encoder.push(event.pcm)
+                if self.first_audio_s is None:
+                    self.first_audio_s = time.perf_counter() - self.started
+                    if self.on_audio_start:
+                        self.on_audio_start(self.first_audio_s)
+                self.audio_samples += len(event.pcm)
+                message.audio_ms = self.audio_samples * 1000 // 24000
+                self.send({"type": "response.output_audio.delta", **self._where(message),
+                           "delta": base64.b64encode(data).decode()})
+            elif isinstance(event, TurnDone):
+                tail = encoder.flush()
+                if tail and message is not None:
+                    self.send({"type": "response.output_audio.delta", **self._where(message),
+                               "delta": base64.b64encode(tail).decode()})
+                if event.tool_calls or event.invalid_tool_calls:
+                    self._tool_calls(event)
+                elif message is None:
+                    message = self._open_message()
+                self._finish(event, message)
+                return
+            elif isinstance(event, TurnError):
+                self.status, self.error = "failed", {"type": "server_error", "code": event.code,
+                                                      "message": event.message}
+                if message is not None:
+                    self._close_message(message, "incomplete")
+                self._done(None)
+                return
+
+    def _open_message(self) -> Item:
+        part_type = "output_audio" if self.modality == "audio" else "output_text"
+        item = Item({"id": new_id("item"), "object": "realtime.item", "type": "message", "role": "assistant",
+                     "status": "in_progress", "content": []}, turn_id=self.turn_id)
+        self._add_item(item)
+        part = {"type": "audio", "transcript": ""} if self.modality == "audio" else {"type": "text", "text": ""}
+        self.send({"type": "response.content_part.added", **self._where(item), "part": part})
+        item.data["content"] = [{"type": part_type, "transcript": ""} if self.modality == "audio"
+                                else {"type": part_type, "text": ""}]
+        return item
+
+    def _add_item(self, item: Item) -> None:
+        self.items.append(item)
+        index = len(self.items) - 1
+        self.send({"type": "response.output_item.added", "response_id": self.id, "output_index": index,
+                   "item": item.data})
+        if self.conversation is not None:
+            prev = self.conversation.insert(item)
+            self.send({"type": "conversation.item.added", "previous_item_id": prev, "item": item.data})
+
+    def _where(self, item: Item) -> dict:
+        return {"response_id": self.id, "item_id": item.id, "output_index": self.items.index(item),
+                "content_index": 0}
+
+    def _close_message(self, item: Item, status: str) -> None:
+        where = self._where(item)
+        if self.modality == "audio":
+            self.send({"type": "response.output_audio.done", **where})
+            self.send({"type": "response.output_audio_transcript.done", **where, "transcript": self.transcript})
+            part = {"type": "audio", "transcript": self.transcript}
+            item.data["content"] = [{"type": "output_audio", "transcript": self.transcript}]
+        else:
+            self.send({"type": "response.output_text.done", **where, "text": self.transcript})
+            part = {"type": "text", "text": self.transcript}
+            item.data["content"] = [{"type": "output_text", "text": self.transcript}]
+        self.send({"type": "response.content_part.done", **where, "part": part})
+        self._close_item(item, status)
+
+    def _close_item(self, item: Item, status: str) -> None:
+        item.data["status"] = status
+        if self.conversation is not None:
+            self.send({"type": "conversation.item.done", "item": item.data})
+        self.send({"type": "response.output_item.done", "response_id": self.id,
+                   "output_index": self.items.index(item), "item": item.data})
+
+    def _tool_calls(self, done: TurnDone) -> None:
+        for call in done.tool_calls:
+            item = Item({"id": new_id("item"), "object": "realtime.item", "type": "function_call",
+                         "status": "in_progress", "name": call.name, "call_id": new_id("call"), "arguments": ""},
+                        turn_id=self.turn_id)
+            self._add_item(item)
+            where = {"response_id": self.id, "item_id": item.id, "output_index": self.items.index(item),
+                     "call_id": item.data["call_id"]}
+            self.send({"type": "response.function_call_arguments.delta", **where, "delta": call.arguments})
+            item.data["arguments"] = call.arguments
+            self.send({"type": "response.function_call_arguments.done", **where, "name": call.name,
+                       "arguments": call.arguments})
+            self._close_item(item, "completed")
+        if done.invalid_tool_calls:
+            bad = done.invalid_tool_calls[0]
+            self.error = {"type": "invalid_tool_call", "code": "invalid_tool_call",
+                          "message": f"the model wrote a tool call that is not valid JSON: {bad}"}
+
+    def _finish(self, done: TurnDone, message: Item | None) -> None:
+        if done.status == "cancelled":
+            self.status, self.reason = "cancelled", self.cancel_reason or "client_cancelled"
+        elif done.status == "length":
+            self.status, self.reason = "incomplete", "max_output_tokens"
+        elif self.error:
+            self.status = "failed"
+        else:
+            self.status = "completed"
+        if message is not None:
+            self._close_message(message, "completed" if self.status == "completed" else "incomplete")
+        self._done(done)
+
+    def _done(self, done: TurnDone | None) -> None:
+        shell = self.shell()
+        if done is not None:
+            u = done.usage
+            audio_out = u.audio_frames
+            shell["usage"] = {
+                "total_tokens": u.input_tokens + u.output_tokens + audio_out,
+                "input_tokens": u.input_tokens, "output_tokens": u.output_tokens + audio_out,
+                "input_token_details": {"cached_tokens": u.cached_tokens, "text_tokens": u.input_tokens,
+                                        "audio_tokens": 0},
+                "output_token_details": {"text_tokens": u.output_tokens, "audio_tokens": audio_out},
+            }
+        self.send({"type": "response.done", "response": shell})
+        self.send({"type": "rate_limits.updated", "rate_limits": [
+            {"name": "requests", "limit": 1_000_000, "remaining": 1_000_000, "reset_seconds": 0.0},
+            {"name": "tokens", "limit": 1_000_000_000, "remaining": 1_000_000_000, "reset_seconds": 0.0},
+        ]})

@@ -1,0 +1,71 @@
+"""The real server on loopback, in a thread with its own event loop, for the gateway tests."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+from aiohttp import web
+from openai import AsyncOpenAI
+from openai.types.realtime import RealtimeServerEvent
+from pydantic import TypeAdapter
+
+from pipelines.pipeline import Pipeline
+from realtime.server import Server, ServerConfig
+
+SERVER_EVENT = TypeAdapter(RealtimeServerEvent)
+
+
+@contextmanager
+def running(pipeline: Pipeline, cfg: ServerConfig) -> Iterator[tuple[str, Server]]:
+    """Serve on 127.0.0.1:<free port>; yields (base_url for the openai SDK, server)."""
+    server = Server(pipeline, cfg)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def start() -> tuple[web.AppRunner, int]:
+        runner = web.AppRunner(server.app())
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return runner, site._server.sockets[0].getsockname()[1]
+
+    runner, port = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    try:
+        yield f"http://127.0.0.1:{port}/v1", server
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def client(base_url: str, key: str = "test-key") -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0)
+
+
+def pcm16_b64(samples: np.ndarray) -> str:
+    return base64.b64encode((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()).decode()
+
+
+async def next_event(conn, timeout: float = 120.0) -> dict:
+    """The next server event as a dict, after validating it against the SDK's typed models."""
+    raw = await asyncio.wait_for(conn.recv_bytes(), timeout)
+    event = json.loads(raw)
+    SERVER_EVENT.validate_python(event)
+    return event
+
+
+async def until(conn, kind: str, seen: list[dict] | None = None, timeout: float = 120.0) -> dict:
+    """Events up to and including the first of type `kind` (collected into `seen`)."""
+    while True:
+        event = await next_event(conn, timeout)
+        if seen is not None:
+            seen.append(event)
+        if event["type"] == kind:
+            return event
