@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 
 import aiohttp
 import numpy as np
@@ -276,5 +277,100 @@ def test_truncate_rolls_the_session_back_to_the_heard_tokens(pipeline):
                 check_audio_turn(await manual_turn(conn, 0.5), frames=12)  # the conversation goes on from there
                 ids = await asyncio.wrap_future(pipeline.request(lambda: list(pipe.ids)))
                 assert ids[start + 2] == program.model.cfg.im_end_token_id  # the cut reply was closed
+
+        asyncio.run(go())
+
+
+def test_input_transcription_runs_beside_the_response(server):
+    url, _ = server
+
+    async def go():
+        async with client(url).realtime.connect(model="qwen3-omni") as conn:
+            await next_event(conn)
+            await conn.session.update(session={**MANUAL, "audio": {"input": {
+                "turn_detection": None, "transcription": {"model": "qwen3-omni"}}}})
+            await until(conn, "session.updated")
+            events = await manual_turn(conn, 0.9)
+            item_id = events[0]["item_id"]
+            while not any(e["type"] == "conversation.item.input_audio_transcription.completed" for e in events):
+                events.append(await next_event(conn))
+            kinds = [e["type"] for e in events]
+            deltas = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.delta"]
+            done = next(e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
+            assert deltas and all(e["item_id"] == item_id for e in deltas) and done["item_id"] == item_id
+            assert done["transcript"] == "".join(e["delta"] for e in deltas)
+            # the response did not wait for the transcript
+            completed = kinds.index("conversation.item.input_audio_transcription.completed")
+            assert kinds.index("response.created") < completed
+            await conn.conversation.item.retrieve(item_id=item_id)
+            item = (await until(conn, "conversation.item.retrieved"))["item"]
+            assert item["content"][0]["transcript"] == done["transcript"]
+
+    asyncio.run(go())
+
+
+def test_eight_concurrent_sessions_each_complete_a_turn(server):
+    url, srv = server
+
+    async def one(i: int) -> dict:
+        async with client(url).realtime.connect(model="qwen3-omni") as conn:
+            await next_event(conn)
+            await conn.session.update(session=MANUAL)
+            await until(conn, "session.updated")
+            return check_audio_turn(await manual_turn(conn, 0.5 + 0.1 * i, seed=i))
+
+    async def go():
+        return await asyncio.gather(*(one(i) for i in range(8)))
+
+    done = asyncio.run(go())
+    assert len({d["id"] for d in done}) == 8
+    assert srv.metrics.sessions == 0 and srv.metrics.sessions_total >= 8
+
+
+def test_auth_browser_subprotocol_and_session_limit(pipeline):
+    import websockets
+
+    with running(pipeline, ServerConfig(api_key="sekret", max_sessions=1, limits=LIMITS)) as (url, srv):
+        ws_url = url.replace("http", "ws") + "/realtime?model=qwen3-omni"
+
+        async def go():
+            with pytest.raises(Exception, match="401"):
+                async with client(url, key="wrong").realtime.connect(model="qwen3-omni") as conn:
+                    await next_event(conn)
+            async with aiohttp.ClientSession() as http:
+                assert (await http.get(f"{url}/models")).status == 401
+                ok = await http.get(f"{url}/models", headers={"Authorization": "Bearer sekret"})
+                assert ok.status == 200
+            protocols = ["realtime", "openai-insecure-api-key.sekret"]
+            async with websockets.connect(ws_url, subprotocols=protocols) as browser:
+                assert browser.subprotocol == "realtime"
+                assert json.loads(await browser.recv())["type"] == "session.created"
+                # one session is the limit: the next socket is closed with 1013
+                async with websockets.connect(ws_url, additional_headers={"Authorization": "Bearer sekret"}) as extra:
+                    with pytest.raises(websockets.ConnectionClosed) as closed:
+                        await extra.recv()
+                    assert closed.value.rcvd.code == 1013
+            assert srv.metrics.rejected_total == 1
+
+        asyncio.run(go())
+
+
+def test_oversized_append_and_session_expiry(pipeline):
+    import websockets
+
+    with running(pipeline, ServerConfig(max_session_s=1.5, limits=LIMITS)) as (url, _):
+        ws_url = url.replace("http", "ws") + "/realtime"
+
+        async def go():
+            async with websockets.connect(ws_url, max_size=None) as ws:
+                assert json.loads(await ws.recv())["type"] == "session.created"
+                huge = base64.b64encode(b"\x00" * (16 * 1024 * 1024)).decode()
+                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": huge}))
+                error = json.loads(await ws.recv())
+                assert error["type"] == "error" and error["error"]["param"] == "audio"
+                expired = json.loads(await asyncio.wait_for(ws.recv(), 10))
+                assert expired["error"]["code"] == "session_expired"
+                with pytest.raises(websockets.ConnectionClosed):
+                    await asyncio.wait_for(ws.recv(), 10)
 
         asyncio.run(go())
