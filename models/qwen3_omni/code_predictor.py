@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from models.qwen3_omni.config import CodePredictorConfig
-from models.qwen3_omni.layers import DenseKVCache, KVCache, RMSNorm, Rope, SelfAttention, SwiGLU
+from models.qwen3_omni.layers import DecoderLayer, DenseKVCache, KVCache, RMSNorm, Rope, SwiGLU
 
 # sample(logits [B, V], step) -> ids [B]; step 0 chooses codebook 1.
 Sampler = Callable[[torch.Tensor, int], torch.Tensor]
@@ -32,31 +32,17 @@ class PredictedCodes:
     logits: torch.Tensor  # [B, 15, V] the logits each code was chosen from
 
 
-class CodePredictorLayer(nn.Module):
-    def __init__(self, cfg: CodePredictorConfig) -> None:
-        super().__init__()
-        h = cfg.hidden_size
-        self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
-        self.self_attn = SelfAttention(
-            h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps,
-            qk_norm=True, bias=cfg.attention_bias,
-        )
-        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(h, cfg.intermediate_size)
-
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, cache: KVCache | None
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
 class CodePredictorModel(nn.Module):
     def __init__(self, cfg: CodePredictorConfig) -> None:
         super().__init__()
         groups = cfg.num_code_groups - 1
         self.codec_embedding = nn.ModuleList(nn.Embedding(cfg.vocab_size, cfg.hidden_size) for _ in range(groups))
-        self.layers = nn.ModuleList(CodePredictorLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        h = cfg.hidden_size
+        self.layers = nn.ModuleList(
+            DecoderLayer(h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps,
+                         SwiGLU(h, cfg.intermediate_size), cfg.attention_bias)
+            for _ in range(cfg.num_hidden_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = Rope(cfg.head_dim, cfg.rope_theta)
 

@@ -227,3 +227,22 @@ class MoE(nn.Module):
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out.reshape(shape)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm transformer block: GQA self-attention with per-head QK RMSNorm, then `mlp` (dense SwiGLU
+    or MoE). Shared by the thinker, the talker and the code predictor."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, mlp: nn.Module,
+                 bias: bool = False) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.self_attn = SelfAttention(hidden, heads, kv_heads, head_dim, eps, qk_norm=True, bias=bias)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.mlp = mlp
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, cache: KVCache | None
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))

@@ -18,7 +18,7 @@ from torch import nn
 
 from models.qwen3_omni.code_predictor import CodePredictor, Sampler, greedy
 from models.qwen3_omni.config import ConfigError, TalkerConfig, TextConfig
-from models.qwen3_omni.layers import KVCache, MoE, RMSNorm, Rope, SelfAttention
+from models.qwen3_omni.layers import DecoderLayer, KVCache, MoE, RMSNorm, Rope
 
 
 @dataclass(frozen=True)
@@ -39,33 +39,21 @@ class ResizeMLP(nn.Module):
         return self.linear_fc2(F.silu(self.linear_fc1(x)))
 
 
-class TalkerLayer(nn.Module):
-    def __init__(self, cfg: TextConfig) -> None:
-        super().__init__()
-        h = cfg.hidden_size
-        self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
-        self.self_attn = SelfAttention(
-            h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps,
-            qk_norm=True, bias=cfg.attention_bias,
-        )
-        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
-        self.mlp = MoE(
-            h, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob,
-            shared=cfg.shared_expert_intermediate_size,
-        )
-
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, cache: KVCache | None
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+def talker_layer(cfg: TextConfig) -> DecoderLayer:
+    """Every talker layer is routed MoE with the sigmoid-gated shared expert (the reference builds a dense
+    choice and then replaces it, so `mlp_only_layers` / `decoder_sparse_step` have no effect)."""
+    h = cfg.hidden_size
+    mlp = MoE(h, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob,
+              shared=cfg.shared_expert_intermediate_size)
+    return DecoderLayer(h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps, mlp,
+                        cfg.attention_bias)
 
 
 class TalkerModel(nn.Module):
     def __init__(self, cfg: TextConfig) -> None:
         super().__init__()
         self.codec_embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(TalkerLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(talker_layer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
 

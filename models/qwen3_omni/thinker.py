@@ -23,34 +23,18 @@ from torch import nn
 
 from .audio_encoder import AudioEncoder
 from .config import TextConfig, ThinkerConfig
-from .layers import KVCache, MoE, RMSNorm, Rope, SelfAttention, SwiGLU
+from .layers import DecoderLayer, KVCache, MoE, RMSNorm, Rope, SwiGLU
 
 
-class DecoderLayer(nn.Module):
-    """Pre-norm block: qk-normed GQA attention, then a routed MoE (or dense SwiGLU) MLP."""
-
-    def __init__(self, cfg: TextConfig, index: int) -> None:
-        super().__init__()
-        self.index = index
-        h = cfg.hidden_size
-        self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
-        self.self_attn = SelfAttention(
-            h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps,
-            qk_norm=True, bias=cfg.attention_bias,
-        )
-        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
-        self.mlp: nn.Module
-        if cfg.is_moe_layer(index):
-            self.mlp = MoE(
-                h, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob,
-                shared=cfg.shared_expert_intermediate_size,
-            )
-        else:
-            self.mlp = SwiGLU(h, cfg.intermediate_size)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, self.index, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+def thinker_layer(cfg: TextConfig, index: int) -> DecoderLayer:
+    """A routed MoE MLP (no shared expert) where `cfg.is_moe_layer(index)`, else a dense SwiGLU."""
+    h = cfg.hidden_size
+    mlp: nn.Module = SwiGLU(h, cfg.intermediate_size)
+    if cfg.is_moe_layer(index):
+        mlp = MoE(h, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob,
+                  shared=cfg.shared_expert_intermediate_size)
+    return DecoderLayer(h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps, mlp,
+                        cfg.attention_bias)
 
 
 class TextModel(nn.Module):
@@ -59,7 +43,7 @@ class TextModel(nn.Module):
     def __init__(self, cfg: TextConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(thinker_layer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
 
@@ -72,7 +56,7 @@ class TextModel(nn.Module):
         cos, sin = self.rope(positions, x.dtype)
         captured = x if capture_layer == 0 else None
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache)
+            x = layer(x, cos, sin, i, cache)
             if capture_layer == i + 1 and i + 1 < n:
                 captured = x
         x = self.norm(x)
