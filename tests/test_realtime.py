@@ -374,3 +374,33 @@ def test_oversized_append_and_session_expiry(pipeline):
                     await asyncio.wait_for(ws.recv(), 10)
 
         asyncio.run(go())
+
+
+def test_g711_in_and_out(server):
+    import torch
+
+    from models.qwen3_omni.audio_features import float_to_g711, resample
+    from realtime.audio import AudioFormat
+
+    url, _ = server
+
+    async def go():
+        async with client(url).realtime.connect(model="qwen3-omni") as conn:
+            await next_event(conn)
+            fmt = {"type": "audio/pcmu"}
+            await conn.session.update(session={"type": "realtime", "audio": {
+                "input": {"format": fmt, "turn_detection": None}, "output": {"format": {"type": "audio/pcma"}}}})
+            updated = await until(conn, "session.updated")
+            assert updated["session"]["audio"]["output"]["format"] == {"type": "audio/pcma"}
+            ulaw = float_to_g711(resample(torch.from_numpy(speech_like(0.8)), 24000, 8000), "ulaw")
+            await conn.input_audio_buffer.append(audio=base64.b64encode(ulaw).decode())
+            await conn.input_audio_buffer.commit()
+            await conn.response.create()
+            seen: list[dict] = []
+            done = await until(conn, "response.done", seen)
+            audio = b"".join(base64.b64decode(e["delta"]) for e in seen if e["type"] == "response.output_audio.delta")
+            samples_24k = 1920 * LIMITS.max_frames - 555
+            assert abs(len(audio) - samples_24k / 3) <= 1  # one byte per 8 kHz sample
+            assert done["response"]["audio"]["output"]["format"] == AudioFormat("audio/pcma", 8000).to_config()
+
+    asyncio.run(go())
