@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from models.qwen3_omni.audio_features import resample  # noqa: E402
 from models.qwen3_omni.config import OmniConfig  # noqa: E402
 from models.qwen3_omni.model import random_model  # noqa: E402
 from models.qwen3_omni.program import PipelineConfig, Qwen3OmniProgram  # noqa: E402
@@ -64,6 +65,55 @@ async def one_turn(pipeline: Pipeline, session: str, messages: list[Message], op
 
 async def run_level(pipeline: Pipeline, n: int, rep: int, messages: list[Message], opts: GenerationOptions) -> list:
     return await asyncio.gather(*(one_turn(pipeline, f"c{n}r{rep}s{i}", messages, opts) for i in range(n)))
+
+
+async def gateway_turns(pipeline: Pipeline, reps: int, audio: torch.Tensor, system: str, text_tokens: int,
+                        frames: int) -> list[dict]:
+    """The same turn through the real server and a WebSocket client on loopback: time from sending
+    `input_audio_buffer.commit` (+ `response.create`) to the first `response.output_audio.delta`."""
+    import base64
+
+    import aiohttp
+    from aiohttp import web
+
+    from realtime.server import Server, ServerConfig
+    from realtime.session import Limits
+
+    server = Server(pipeline, ServerConfig(limits=Limits(max_text_tokens=text_tokens, max_frames=frames)))
+    runner = web.AppRunner(server.app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"ws://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1/realtime?model=qwen3-omni"
+    pcm = resample(audio, 16000, 24000)
+    chunks = [base64.b64encode((pcm[i : i + 2400].clamp(-1, 1) * 32767).to(torch.int16).numpy().tobytes()).decode()
+              for i in range(0, len(pcm), 2400)]
+    out = []
+    async with aiohttp.ClientSession() as http:
+        for _ in range(reps + 1):  # the first is a warm-up
+            async with http.ws_connect(url, max_msg_size=0) as ws:
+                await ws.receive_json()
+                await ws.send_json({"type": "session.update", "session": {
+                    "type": "realtime", "instructions": system, "audio": {"input": {"turn_detection": None}}}})
+                await ws.receive_json()
+                for c in chunks:
+                    await ws.send_json({"type": "input_audio_buffer.append", "audio": c})
+                start = time.perf_counter()
+                await ws.send_json({"type": "input_audio_buffer.commit"})
+                await ws.send_json({"type": "response.create"})
+                first, samples = None, 0
+                while True:
+                    ev = await ws.receive_json()
+                    if ev["type"] == "response.output_audio.delta":
+                        first = first or time.perf_counter()
+                        samples += len(base64.b64decode(ev["delta"])) // 2
+                    elif ev["type"] == "response.done":
+                        break
+                total = time.perf_counter() - start
+                out.append({"ttfa_ms": (first - start) * 1e3, "total_ms": total * 1e3,
+                            "audio_s": samples / 24000, "rtf": total / (samples / 24000)})
+    await runner.cleanup()
+    return out[1:]
 
 
 def stage_times(program: Qwen3OmniProgram) -> dict:
@@ -110,6 +160,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--concurrency", default="1", help="comma-separated numbers of simultaneous sessions")
     ap.add_argument("--check", action="store_true", help="also run bf16 correctness checks on the device")
+    ap.add_argument("--gateway", action="store_true", help="also time one session through the WebSocket server")
     ap.add_argument("--out", help="write the JSON result here too")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
@@ -143,6 +194,10 @@ def main() -> None:
                 for name in after
             }
             res[f"sessions_{n}"] = level
+        if args.gateway:
+            turns = asyncio.run(gateway_turns(pipeline, args.reps, messages[1].audio, system.text, args.text_tokens,
+                                              args.frames))
+            res["gateway_1"] = {k: round(statistics.median(t[k] for t in turns), 2) for k in turns[0]}
     line = json.dumps(res)
     print(line)
     if args.out:
