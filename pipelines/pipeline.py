@@ -6,7 +6,8 @@
 
 The engine thread owns every model, cache and work item; other threads only queue commands, so the
 asyncio loop hosting the gateway never blocks on a model step. Each engine iteration runs one batch of
-each stage, downstream stages first, so audio already promised to listeners keeps flowing.
+each stage in pipeline order, so a turn's data can pass through every stage within one iteration: the
+first frame of a reply reaches Code2Wav in the same iteration that the talker made it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ T = TypeVar("T")
 class Program(Protocol):
     """A model's side of the pipeline: its stages and how a turn moves through them."""
 
-    stages: list[Stage]  # downstream first
+    stages: list[Stage]  # in pipeline order
 
     def start_turn(self, turn: Turn, emit: Emit) -> None: ...
 

@@ -42,7 +42,7 @@ from .tokenizer import Tokenizer
 from .tools import merge_tool_results, tool_call_text, tool_response_text, with_tools
 
 log = logging.getLogger(__name__)
-STAGE_NAMES = ("code2wav", "talker", "thinker", "audio_encoder")  # run order: downstream first
+STAGE_NAMES = ("audio_encoder", "thinker", "talker", "code2wav")  # pipeline order, also the run order
 
 
 def default_stages(device: str) -> tuple[StageConfig, ...]:

@@ -1,0 +1,53 @@
+// Pure helpers for the demo: PCM16 <-> base64, a streaming resampler, the session.update event.
+// A classic script (no DOM), so the browser loads it before app.js and Node can require() it in tests.
+'use strict';
+const RATE = 24000; // the Realtime protocol's audio/pcm rate, both directions
+
+function floatToPcm16Base64(samples) {
+  const view = new DataView(new ArrayBuffer(samples.length * 2));
+  for (let i = 0; i < samples.length; i++) {
+    view.setInt16(2 * i, Math.round(Math.max(-1, Math.min(1, samples[i])) * 32767), true); // little-endian
+  }
+  const bytes = new Uint8Array(view.buffer);
+  let bin = '';
+  for (let i = 0; i < bytes.length; i += 0x8000) bin += String.fromCharCode.apply(null, bytes.subarray(i, i + 0x8000));
+  return btoa(bin);
+}
+
+function base64ToFloat(b64) {
+  const bin = atob(b64);
+  const out = new Float32Array(bin.length >> 1);
+  for (let i = 0; i < out.length; i++) {
+    const v = bin.charCodeAt(2 * i) | (bin.charCodeAt(2 * i + 1) << 8);
+    out[i] = (v >= 0x8000 ? v - 0x10000 : v) / 32768;
+  }
+  return out;
+}
+
+// Linear-interpolation resampler that keeps its phase and last sample across chunks.
+function makeResampler(from, to) {
+  if (from === to) return (x) => x;
+  const step = from / to;
+  let t = 0, prev = 0; // t: the next output sample's position in the coming chunk (-1: `prev`, the last one before)
+  return (x) => {
+    const out = [];
+    for (; t < x.length - 1; t += step) {
+      const i = Math.floor(t), a = i < 0 ? prev : x[i];
+      out.push(a + (x[i + 1] - a) * (t - i));
+    }
+    t -= x.length;
+    if (x.length) prev = x[x.length - 1];
+    return Float32Array.from(out);
+  };
+}
+
+function sessionUpdate(voice, pushToTalk) {
+  const format = { type: 'audio/pcm', rate: RATE };
+  const turnDetection = pushToTalk ? null : { type: 'server_vad' };
+  const input = { format, turn_detection: turnDetection, transcription: { model: 'qwen3-omni' } };
+  return { type: 'session.update', session: { type: 'realtime', audio: { input, output: { format, voice } } } };
+}
+
+if (typeof module !== 'undefined') {
+  module.exports = { RATE, floatToPcm16Base64, base64ToFloat, makeResampler, sessionUpdate };
+}
