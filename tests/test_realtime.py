@@ -404,3 +404,26 @@ def test_g711_in_and_out(server):
             assert done["response"]["audio"]["output"]["format"] == AudioFormat("audio/pcma", 8000).to_config()
 
     asyncio.run(go())
+
+
+def test_client_that_disconnects_mid_response_frees_everything(pipeline):
+    with running(pipeline, ServerConfig(limits=Limits(max_text_tokens=200, max_frames=200))) as (url, srv):
+
+        async def go():
+            async with client(url).realtime.connect(model="qwen3-omni") as conn:
+                await next_event(conn)
+                await conn.session.update(session=MANUAL)
+                await until(conn, "session.updated")
+                await append_audio(conn, speech_like(0.7))
+                await conn.input_audio_buffer.commit()
+                await conn.response.create()
+                await until(conn, "response.output_audio.delta")
+            for _ in range(100):  # the server notices the close, cancels the turn and ends the session
+                await asyncio.sleep(0.05)
+                if srv.metrics.sessions == 0 and not pipeline.program.sessions:
+                    break
+
+        asyncio.run(go())
+        pipeline.sync()
+        assert pipeline.program.kv_check() == {"thinker": 0, "talker": 0}
+        assert not pipeline.program.turns and not pipeline.program.sessions
