@@ -61,6 +61,10 @@ class Pipeline:
             self._thread.start()
         return self
 
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def close(self) -> None:
         self._stop.set()
         self._commands.put(lambda: None)
@@ -177,10 +181,7 @@ class Pipeline:
     def _step(self, stage: Stage) -> bool:
         try:
             return stage.step()
-        except Exception as e:  # a model bug must not stop the engine: fail the stage's works instead
+        except Exception as e:  # the batch's turns got an error; the engine and every other turn go on
             log.exception("stage %s failed", stage.name)
             self.error = e
-            for work in list(stage.scheduler.works):
-                work.fail("internal_error", f"{stage.name}: {type(e).__name__}: {e}")
-                stage.remove(work)
             return True

@@ -45,9 +45,16 @@ class Stage:
         self.scheduler.remove(work)
 
     def step(self) -> bool:
-        """Run one batch if there is work; returns whether anything ran."""
+        """Run one batch if there is work; returns whether anything ran. A batch whose step raises fails
+        its own works (their caches released) and the error propagates; other works are untouched."""
         batch = self.scheduler.schedule()
         if batch is None:
             return False
-        self.runner.run(batch)
+        try:
+            self.runner.run(batch)
+        except Exception as e:
+            for work in batch.works:
+                work.fail("internal_error", f"{self.name}: {type(e).__name__}: {e}")
+                self.remove(work)
+            raise
         return True

@@ -52,8 +52,10 @@ class Server:
         return app
 
     async def health(self, request: web.Request) -> web.Response:
-        ok = self.pipeline.error is None
-        body = {"status": "ok" if ok else "degraded", "model": self.cfg.model_name, "sessions": self.metrics.sessions}
+        ok = self.pipeline.alive
+        body = {"status": "ok" if ok else "engine_stopped", "model": self.cfg.model_name,
+                "sessions": self.metrics.sessions,
+                "last_error": None if self.pipeline.error is None else repr(self.pipeline.error)}
         return web.json_response(body, status=200 if ok else 503)
 
     async def models(self, request: web.Request) -> web.Response:

@@ -174,3 +174,27 @@ def test_memory_pressure_evicts_and_recomputes_without_changing_answers():
     assert counts["tight"][0] > 0 and counts["tight"][1] > 0
     assert isinstance(too_long[-1], TurnError) and too_long[-1].code == "context_too_long"
     assert isinstance(after[-1], TurnDone)
+
+
+def test_a_failing_model_step_fails_only_its_turns(pipeline, monkeypatch):
+    talker = pipeline.program.by_name["talker"].runner.model
+    real_run = type(talker).run
+    calls = {"n": 0}
+
+    def flaky(self, works, lengths, kv, prefill):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected fault")
+        return real_run(self, works, lengths, kv, prefill)
+
+    monkeypatch.setattr(type(talker), "run", flaky)
+    failed = pipeline.run(turn("f1", 0.5, 19), timeout_s=120)
+    assert isinstance(failed[-1], TurnError) and failed[-1].code == "internal_error"
+    assert "injected fault" in failed[-1].message
+    ok = pipeline.run(turn("f2", 0.5, 20), timeout_s=120)  # the engine and the next turn carry on
+    assert isinstance(ok[-1], TurnDone)
+    assert blocks_in_use(pipeline)["talker"] == 0
+    pipeline.error = None
+    for s in ("f1", "f2"):
+        pipeline.end_session(s)
+    assert blocks_in_use(pipeline) == {"talker": 0, "thinker": 0}
