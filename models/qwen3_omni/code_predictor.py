@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from models.qwen3_omni.config import CodePredictorConfig
-from models.qwen3_omni.layers import DecoderLayer, DenseKVCache, KVCache, RMSNorm, Rope, SwiGLU
+from models.qwen3_omni.layers import DecoderLayer, DenseKVCache, KVCache, RMSNorm, Rope, SwiGLU, run_layers
 
 # sample(logits [B, V], step) -> ids [B]; step 0 chooses codebook 1.
 Sampler = Callable[[torch.Tensor, int], torch.Tensor]
@@ -47,11 +47,7 @@ class CodePredictorModel(nn.Module):
         self.rope = Rope(cfg.head_dim, cfg.rope_theta)
 
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        cos, sin = self.rope(positions, embeds.dtype)
-        x = embeds
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, i, cache)
-        return self.norm(x)
+        return run_layers(self.layers, self.rope, self.norm, embeds, positions, cache)
 
 
 class CodePredictor(nn.Module):

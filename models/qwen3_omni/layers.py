@@ -246,3 +246,14 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def run_layers(
+    layers: nn.ModuleList, rope: Rope, norm: RMSNorm, x: torch.Tensor, positions: torch.Tensor,
+    cache: KVCache | None,
+) -> torch.Tensor:
+    """The decoder stack: every layer in order, then the final norm."""
+    cos, sin = rope(positions, x.dtype)
+    for i, layer in enumerate(layers):
+        x = layer(x, cos, sin, i, cache)
+    return norm(x)

@@ -18,7 +18,7 @@ from torch import nn
 
 from models.qwen3_omni.code_predictor import CodePredictor, Sampler, greedy
 from models.qwen3_omni.config import ConfigError, TalkerConfig, TextConfig
-from models.qwen3_omni.layers import DecoderLayer, KVCache, MoE, RMSNorm, Rope
+from models.qwen3_omni.layers import DecoderLayer, KVCache, MoE, RMSNorm, Rope, run_layers
 
 
 @dataclass(frozen=True)
@@ -58,11 +58,7 @@ class TalkerModel(nn.Module):
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
 
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        cos, sin = self.rope(positions, embeds.dtype)
-        x = embeds
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, i, cache)
-        return self.norm(x)
+        return run_layers(self.layers, self.rope, self.norm, embeds, positions, cache)
 
 
 class Talker(nn.Module):
