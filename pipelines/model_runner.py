@@ -23,8 +23,9 @@ class StepModel(Protocol):
 
 
 class ModelRunner:
-    def __init__(self, model: StepModel, kv: PagedKVCache | None, device: torch.device | str) -> None:
+    def __init__(self, model: StepModel, kv: PagedKVCache | None, device: torch.device | str, name: str = "") -> None:
         self.model = model
+        self.name = f"stage:{name}"
         self.kv = kv
         self.device = torch.device(device)
         self.steps = 0
@@ -32,7 +33,7 @@ class ModelRunner:
 
     def run(self, batch: Batch) -> None:
         start = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.profiler.record_function(self.name):
             view = None
             if self.kv is not None:
                 view = self.kv.batch([(w.key, n) for w, n in zip(batch.works, batch.lengths, strict=True)])

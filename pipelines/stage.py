@@ -32,7 +32,7 @@ class Stage:
         self.cfg = cfg
         self.kv = PagedKVCache(kv_layout) if kv_layout is not None else None
         self.scheduler = Scheduler(self.kv, cfg.max_batch, cfg.max_prefill_tokens)
-        self.runner = ModelRunner(model, self.kv, torch.device(cfg.device))
+        self.runner = ModelRunner(model, self.kv, torch.device(cfg.device), cfg.name)
 
     @property
     def name(self) -> str:
