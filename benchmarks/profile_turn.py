@@ -50,10 +50,11 @@ def main() -> None:
         pipeline.run(Turn("measured", messages, opts))
         wall = time.perf_counter() - start
         pipeline.request(lambda: prof.__exit__(None, None, None)).result()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    stages = {}
-    for e in prof.key_averages():
-        if e.key.startswith("stage:"):
+    kernels = [e for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith("stage:")]
+    stages: dict = {}
+    for e in prof.key_averages():  # a stage range appears twice: on the host and as a GPU annotation
+        if e.key.startswith("stage:") and e.cpu_time_total > stages.get(e.key[6:], {}).get("host_ms", -1) * 1e3:
             stages[e.key[6:]] = {"steps": e.count, "host_ms": round(e.cpu_time_total / 1e3, 1)}
     busy_ms = sum(k.device_time for k in kernels) / 1e3
     print(json.dumps({"wall_ms": round(wall * 1e3, 1), "gpu_kernel_ms": round(busy_ms, 1),
