@@ -39,6 +39,7 @@ class Server:
         self.pipeline, self.cfg = pipeline, cfg
         self.metrics = Metrics()
         self.started = time.time()
+        self.sockets: set[web.WebSocketResponse] = set()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=32 * 1024 * 1024)
@@ -46,10 +47,15 @@ class Server:
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics_text)
+        app.on_shutdown.append(self._close_sockets)
         if WEB_DIR.is_dir():
             app.router.add_get("/", self.index)
             app.router.add_static("/static/", WEB_DIR)
         return app
+
+    async def _close_sockets(self, app: web.Application) -> None:
+        for ws in list(self.sockets):
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
 
     async def health(self, request: web.Request) -> web.Response:
         ok = self.pipeline.alive
@@ -94,10 +100,12 @@ class Server:
             return ws
         self.metrics.sessions += 1
         self.metrics.sessions_total += 1
+        self.sockets.add(ws)
         try:
             await self._serve(ws, request.query.get("model") or self.cfg.model_name)
         finally:
             self.metrics.sessions -= 1
+            self.sockets.discard(ws)
         return ws
 
     async def _serve(self, ws: web.WebSocketResponse, model: str) -> None:

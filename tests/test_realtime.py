@@ -427,3 +427,21 @@ def test_client_that_disconnects_mid_response_frees_everything(pipeline):
         pipeline.sync()
         assert pipeline.program.kv_check() == {"thinker": 0, "talker": 0}
         assert not pipeline.program.turns and not pipeline.program.sessions
+
+
+def test_server_shutdown_closes_open_sockets(pipeline):
+    import websockets
+
+    async def go(url):
+        ws = await websockets.connect(url.replace("http", "ws") + "/realtime")
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        return ws
+
+    loop = asyncio.new_event_loop()
+    with running(pipeline, ServerConfig(limits=LIMITS)) as (url, srv):
+        ws = loop.run_until_complete(go(url))
+    # leaving `running` shut the server down; the open socket was closed with 1001 (going away)
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        loop.run_until_complete(asyncio.wait_for(ws.recv(), 10))
+    assert closed.value.rcvd.code == 1001 and srv.metrics.sessions == 0
+    loop.close()
