@@ -245,6 +245,7 @@ def test_barge_in_cancels_and_the_interruption_is_answered(pipeline):
 
         item = asyncio.run(go())
         assert item["content"][0]["type"] == "output_audio"
+        pipeline.sync()
         assert pipeline.program.kv_check()["talker"] == 0
 
 
@@ -270,7 +271,7 @@ def test_truncate_rolls_the_session_back_to_the_heard_tokens(pipeline):
                 ids, kv = await asyncio.wrap_future(pipeline.request(lambda: (
                     list(pipe.ids), program.by_name["thinker"].kv.length(pipe.kv_key))))
                 assert len(ids) == start + 2 and kv <= start + 2
-                program.kv_check()
+                await asyncio.wrap_future(pipeline.request(program.kv_check))
                 await conn.conversation.item.retrieve(item_id=item["id"])
                 text = (await until(conn, "conversation.item.retrieved"))["item"]["content"][0]["transcript"]
                 assert text == program.tokenizer.decode(ids[start:], skip_special=True)
@@ -320,7 +321,12 @@ def test_eight_concurrent_sessions_each_complete_a_turn(server):
             return check_audio_turn(await manual_turn(conn, 0.5 + 0.1 * i, seed=i))
 
     async def go():
-        return await asyncio.gather(*(one(i) for i in range(8)))
+        done = await asyncio.gather(*(one(i) for i in range(8)))
+        for _ in range(100):  # the server sees each close a moment after the client sends it
+            if srv.metrics.sessions == 0:
+                break
+            await asyncio.sleep(0.05)
+        return done
 
     done = asyncio.run(go())
     assert len({d["id"] for d in done}) == 8
