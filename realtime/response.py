@@ -99,12 +99,15 @@ class Response:
                 self._finish(event, message)
                 return
             elif isinstance(event, TurnError):
-                self.status, self.error = "failed", {"type": "server_error", "code": event.code,
-                                                      "message": event.message}
                 if message is not None:
                     self._close_message(message, "incomplete")
-                self._done(None)
+                self.fail(event.message, event.code)
                 return
+
+    def fail(self, message: str, code: str = "server_error") -> None:
+        """End the response as failed (response.done with the error), whatever state it is in."""
+        self.status, self.error = "failed", {"type": "server_error", "code": code, "message": message}
+        self._done(None)
 
     def _open_message(self) -> Item:
         part_type = "output_audio" if self.modality == "audio" else "output_text"

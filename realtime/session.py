@@ -298,8 +298,7 @@ class RealtimeSession:
             await response.run(self.pipeline.submit(turn))
         except Exception as e:  # never leave a client without response.done
             log.exception("response %s failed", response.id)
-            response.status, response.error = "failed", {"type": "server_error", "message": str(e)}
-            response._done(None)
+            response.fail(str(e))
         finally:
             if out_of_band:
                 self.pipeline.end_session(turn.session_id)
@@ -325,8 +324,7 @@ class RealtimeSession:
 
     # -- input transcription, by the model itself, in the background -------------------------------------
     def _transcribe(self, item: Item) -> None:
-        opts = GenerationOptions(audio=False, background=True, max_text_tokens=self.limits.transcription_tokens,
-                                 thinker=None)
+        opts = GenerationOptions(audio=False, background=True, max_text_tokens=self.limits.transcription_tokens)
         turn = Turn(new_id("asr"), [Message("system", "Transcribe the user's speech exactly, in its language. "
                                                       "Reply with the transcript only."),
                                     Message("user", "", item.audio)], opts)

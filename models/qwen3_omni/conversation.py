@@ -65,7 +65,6 @@ class Session:
     talker_users: Rows = field(default_factory=Rows)  # talker rows of every user turn so far
     talker_done_upto: int = 0  # ids before this index have their user rows in talker_users
     turn: TurnState | None = None
-    turns: int = 0
     replies: dict[str, tuple[int, list[int]]] = field(default_factory=dict)  # turn -> (start in ids, reply ids)
 
     def truncate(self, length: int) -> None:

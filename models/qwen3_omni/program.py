@@ -39,7 +39,7 @@ from .stages import (
     Work,
 )
 from .tokenizer import Tokenizer
-from .tools import merge_tool_results, tool_call_text, tool_response_text, with_tools
+from .tools import assistant_text, merge_tool_results, tool_response_text, with_tools
 
 log = logging.getLogger(__name__)
 STAGE_NAMES = ("audio_encoder", "thinker", "talker", "code2wav")  # pipeline order, also the run order
@@ -138,7 +138,6 @@ class Qwen3OmniProgram:
             emit(TurnError(turn.turn_id, "invalid_request", str(e)))
             return
         session.turn = state
-        session.turns += 1
         self.turns[turn.turn_id] = (state, works)
         state.on_close = lambda: self._close(turn.turn_id)
         for stage, work in works:
@@ -190,11 +189,7 @@ class Qwen3OmniProgram:
     def _chat_turn(m: Message, audio_tokens: int) -> chat.Turn:
         if m.role == "tool":
             return chat.Turn("user", tool_response_text(m.text))
-        text = m.text
-        if m.tool_calls:
-            calls = "\n".join(tool_call_text(c.name, c.arguments) for c in m.tool_calls)
-            text = f"{text}\n{calls}" if text else calls
-        return chat.Turn(m.role, text, audio_tokens)
+        return chat.Turn(m.role, assistant_text(m.text, m.tool_calls) if m.tool_calls else m.text, audio_tokens)
 
     def truncate_reply(self, session_id: str, turn_id: str, audio_end_ms: int) -> tuple[str, bool]:
         """Cut a reply back to what the listener heard (its first `audio_end_ms` of audio). The talker

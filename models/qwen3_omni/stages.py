@@ -210,7 +210,7 @@ class TalkerStep:
         frames = torch.tensor([len(w.turn.codes) for w in works], device=self.device)
         vocab = self.suppress.shape[0]
         seen = torch.stack([w.seen if w.seen is not None else self.suppress.new_zeros(vocab) for w in works])
-        talker_params = [GREEDY_TALKER(o.talker) if o.greedy else o.talker for o in opts]
+        talker_params = [greedy_talker(o.talker) if o.greedy else o.talker for o in opts]
         suppress = self.suppress
         if any(o.ignore_eos for o in opts):
             suppress = suppress.expand(len(works), -1).clone()
@@ -225,7 +225,7 @@ class TalkerStep:
             w.next_embed = w.turn.on_frame(codes, frame.codes[i], frame.embed_sum[i], self.eos)
 
 
-def GREEDY_TALKER(p: SamplingParams) -> SamplingParams:  # noqa: N802
+def greedy_talker(p: SamplingParams) -> SamplingParams:
     """The reference's greedy talker keeps its repetition penalty (and suppressed ids)."""
     return SamplingParams(greedy=True, repetition_penalty=p.repetition_penalty)
 
