@@ -181,7 +181,9 @@ class Experts(nn.Module):
         rows = order // k
         xs = x[rows]
         if self.grouped(x):
-            ends = torch.bincount(flat, minlength=self.w13.shape[0]).cumsum(0).to(torch.int32)
+            counts = torch.zeros(self.w13.shape[0], dtype=torch.int32, device=x.device)
+            counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))  # bincount syncs; this does not
+            ends = counts.cumsum(0, dtype=torch.int32)
             gate, up = torch._grouped_mm(xs, self.w13.transpose(1, 2), offs=ends).chunk(2, dim=-1)
             ys = torch._grouped_mm(F.silu(gate) * up, self.w2.transpose(1, 2), offs=ends)
         else:
@@ -193,7 +195,9 @@ class Experts(nn.Module):
                     ys[start : start + c] = F.linear(F.silu(gate) * up, self.w2[e])
                     start += c
         ys = ys * weights.reshape(-1)[order, None].to(ys.dtype)
-        return torch.zeros_like(x).index_add_(0, rows, ys)
+        by_token = torch.empty_like(ys)
+        by_token[order] = ys  # a permutation: deterministic, unlike an atomic index_add
+        return by_token.view(x.shape[0], k, -1).sum(1)
 
     def grouped(self, x: torch.Tensor) -> bool:
         """Grouped matmul needs 16-byte aligned rows; on CUDA it runs in bf16 (Hopper)."""

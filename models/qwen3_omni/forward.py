@@ -1,0 +1,81 @@
+"""Qwen3-Omni's decode steps as pure functions of static tensors: what the graph runner captures.
+
+`thinker_decode`: one reply token per row (decoder stack over the paged cache, lm_head, sampling) and
+what the later stages need of it (its embedding, its talker text row). `talker_frame`: one whole codec
+frame per row (talker step, codec head, sampling with the repetition penalty, the 15 code-predictor
+steps with their sampling, and the embedding sum that feeds the next frame). Inputs and outputs are
+tensors whose shapes depend only on the batch bucket; rows are independent, so padding rows change
+no real row's result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pipelines.decode_kv import DecodeKV, decode_inputs
+from pipelines.graphs import Input, Tensors
+from pipelines.kv_cache import PagedKVCache
+from pipelines.step_sampling import sampling_inputs, static_sampler
+
+from .model import Qwen3Omni
+
+
+@dataclass
+class ThinkerDecode:
+    """One thinker token per row. `suppress` [V]: ids never sampled (beyond the vocabulary); `no_eos`
+    rows (benchmarks) never sample im_end either."""
+
+    model: Qwen3Omni
+    cache: PagedKVCache
+    suppress: torch.Tensor
+
+    def inputs(self, dtype: torch.dtype, max_blocks: int, scratch_slot: int) -> dict[str, Input]:
+        h = self.model.cfg.thinker.text.hidden_size
+        return {"x": Input((1, h), dtype), **decode_inputs(max_blocks, scratch_slot), **sampling_inputs("s"),
+                "step": Input((), torch.long), "no_eos": Input((), torch.bool, False)}
+
+    def __call__(self, b: Tensors) -> Tensors:
+        thinker, talker = self.model.thinker, self.model.talker
+        kv = DecodeKV(self.cache, b)
+        hidden, _ = thinker(b["x"], kv.positions, kv)
+        logits = thinker.logits(hidden[:, -1])
+        suppress = self.suppress[None, :] | (b["no_eos"][:, None] & self._eos(logits.shape[-1], logits.device))
+        ids = static_sampler(b, "s")(logits, b["step"], suppress=suppress)
+        embeds = thinker.embed(ids)
+        return {"ids": ids, "embeds": embeds, "projected": talker.project_text(embeds)}
+
+    def _eos(self, vocab: int, device: torch.device) -> torch.Tensor:
+        return torch.arange(vocab, device=device)[None, :] == self.model.cfg.im_end_token_id
+
+
+@dataclass
+class TalkerFrame:
+    """One codec frame per row. `seen` [slots, V]: each talker stream's codebook-0 ids so far (row
+    `slot` of the step), updated in place; `suppress` [V]: the codec control ids never sampled."""
+
+    model: Qwen3Omni
+    cache: PagedKVCache
+    seen: torch.Tensor
+    suppress: torch.Tensor
+    eos: int
+
+    def inputs(self, dtype: torch.dtype, max_blocks: int, scratch_slot: int, scratch_row: int) -> dict[str, Input]:
+        h = self.model.cfg.talker.text.hidden_size
+        return {"x": Input((1, h), dtype), **decode_inputs(max_blocks, scratch_slot), **sampling_inputs("t"),
+                **sampling_inputs("p"), "frame": Input((), torch.long), "slot": Input((), torch.long, scratch_row),
+                "no_eos": Input((), torch.bool, False)}
+
+    def __call__(self, b: Tensors) -> Tensors:
+        talker = self.model.talker
+        kv = DecodeKV(self.cache, b)
+        hidden = talker(b["x"], kv.positions, kv)[:, -1]
+        logits = talker.codec_logits(hidden)
+        eos = torch.arange(logits.shape[-1], device=logits.device)[None, :] == self.eos
+        suppress = self.suppress[None, :] | (b["no_eos"][:, None] & eos)
+        code0 = static_sampler(b, "t")(logits, b["frame"], self.seen[b["slot"]], suppress)
+        predictor, frame_no = static_sampler(b, "p"), b["frame"]
+        frame = talker.next_frame(hidden, code0, lambda lg, step: predictor(lg, frame_no * 16 + step))
+        self.seen[b["slot"], code0] = True
+        return {"codes": frame.codes, "embed_sum": frame.embed_sum}

@@ -1,0 +1,136 @@
+"""The fixed-shape decode steps (what CUDA graphs capture), run eagerly on CPU with the tiny model:
+they equal the variable-shape path, and padding a batch to its bucket changes no row's output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.qwen3_omni.forward import TalkerFrame, ThinkerDecode
+from models.qwen3_omni.model import load_model
+from pipelines import decode_kv
+from pipelines.graphs import GraphRunner, bucket_for
+from pipelines.kv_cache import KVLayout, PagedKVCache
+from pipelines.paged_attention import paged_decode_attention
+from pipelines.sampling import Sampler, SamplingParams
+from pipelines.step_sampling import sampling_rows
+
+LENGTHS = [5, 17, 1, 33, 9]  # cached tokens per row, across block boundaries
+SAMPLED = SamplingParams(temperature=0.9, top_k=7, top_p=0.8, repetition_penalty=1.05, seed=3)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("tiny")
+
+
+def prefilled(model, text_cfg, embed, lengths: list[int]) -> tuple[PagedKVCache, int, list[str]]:
+    """A paged cache holding real prefills of random inputs, one sequence per length."""
+    cache = PagedKVCache(KVLayout(text_cfg.num_hidden_layers, text_cfg.num_key_value_heads, text_cfg.head_dim, 64, 4))
+    cache.reserve("scratch", 1)
+    keys = []
+    for i, n in enumerate(lengths):
+        key = f"s{i}"
+        cache.reserve(key, n)
+        view = cache.batch([(key, n)])
+        with torch.inference_mode():
+            embed(torch.randn(1, n, text_cfg.hidden_size, generator=torch.Generator().manual_seed(i)), view)
+        cache.commit(key, n)
+        cache.reserve(key, 1)
+        keys.append(key)
+    return cache, cache.seqs["scratch"].blocks[0] * 4, keys
+
+
+def reference_decode(stack, cache: PagedKVCache, keys: list[str], x: torch.Tensor) -> torch.Tensor:
+    view = cache.batch([(k, 1) for k in keys])
+    out = stack(x, view.positions, view)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def test_paged_decode_attention_matches_dense_attention():
+    g = torch.Generator().manual_seed(0)
+    cache = torch.randn(40, 2, 8, generator=g), torch.randn(40, 2, 8, generator=g)
+    table = torch.tensor([[3, 7, 1, 0], [9, 2, 0, 0]], dtype=torch.int32)
+    lens = torch.tensor([11, 5], dtype=torch.int32)
+    q = torch.randn(2, 4, 8, generator=g)
+    out = paged_decode_attention(q, *cache, table, lens, 0.3, 4)
+    for r in range(2):
+        slots = torch.cat([torch.arange(b * 4, b * 4 + 4) for b in table[r].tolist()])[: lens[r]]
+        k, v = cache[0][slots], cache[1][slots]
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q[r][:, None], k.transpose(0, 1), v.transpose(0, 1), scale=0.3, enable_gqa=True)
+        torch.testing.assert_close(out[r], ref[:, 0], rtol=1e-5, atol=1e-5)
+
+
+def test_thinker_decode_equals_the_variable_shape_path_and_padding_changes_nothing(model):
+    text = model.cfg.thinker.text
+    cache, scratch, keys = prefilled(model, text, lambda x, kv: model.thinker(x, kv.positions, kv), LENGTHS)
+    x = torch.randn(len(keys), 1, text.hidden_size, generator=torch.Generator().manual_seed(9))
+    with torch.inference_mode():
+        ref_hidden = reference_decode(model.thinker, cache, keys, x)
+        ref_logits = model.thinker.logits(ref_hidden[:, -1])
+        ref_ids = Sampler([SAMPLED] * len(keys), "cpu")(ref_logits, torch.full((len(keys),), 4))
+    for k in keys:  # the reference wrote the new token's K/V; the step writes the same slots again
+        assert cache.length(k) == LENGTHS[keys.index(k)]
+    step = ThinkerDecode(model, cache, torch.zeros(text.vocab_size, dtype=torch.bool))
+    width = 16
+    runner = GraphRunner("thinker", step, step.inputs(torch.float32, width, scratch), "cpu", (1, 2, 8))
+
+    def run(rows_idx: list[int]) -> dict:
+        ks = [keys[i] for i in rows_idx]
+        rows = decode_kv.rows(cache, ks, width) | {
+            "x": x[rows_idx], "step": [4] * len(ks), "no_eos": [False] * len(ks),
+            **sampling_rows("s", [SAMPLED] * len(ks))}
+        with torch.inference_mode():
+            return runner(len(ks), rows)
+
+    together = run(list(range(len(keys))))  # 5 rows padded to 8
+    assert bucket_for(len(keys), runner.buckets) == 8
+    assert together["ids"].tolist() == ref_ids.tolist()
+    torch.testing.assert_close(together["embeds"], model.thinker.embed(ref_ids))
+    for i in range(len(keys)):
+        alone = run([i])
+        assert alone["ids"].tolist() == [together["ids"][i].item()]
+        torch.testing.assert_close(alone["projected"][0], together["projected"][i], rtol=1e-5, atol=1e-5)
+    cache.check()
+
+
+def test_talker_frame_equals_the_variable_shape_path_and_padding_changes_nothing(model):
+    text = model.cfg.talker.text
+    talker = model.talker
+    cache, scratch, keys = prefilled(model, text, lambda x, kv: talker(x, kv.positions, kv), LENGTHS[:3])
+    n, vocab, eos = len(keys), text.vocab_size, model.cfg.talker.codec_eos_id
+    x = torch.randn(n, 1, text.hidden_size, generator=torch.Generator().manual_seed(5))
+    suppress = torch.zeros(vocab, dtype=torch.bool)
+    suppress[vocab - 1024 :] = True
+    suppress[eos] = False
+    seen = torch.zeros(n + 1, vocab, dtype=torch.bool)
+    seen[0, 5] = seen[2, 9] = True
+    predictor = SamplingParams(top_k=5, top_p=0.8, seed=1)
+    frames = torch.tensor([2, 0, 7])
+    with torch.inference_mode():
+        last = reference_decode(talker, cache, keys, x)[:, -1]
+        code0 = Sampler([SAMPLED] * n, "cpu")(talker.codec_logits(last), frames, seen[:n].clone(), suppress)
+        pred = Sampler([predictor] * n, "cpu")
+        ref = talker.next_frame(last, code0, lambda lg, s: pred(lg, frames * 16 + s))
+    step = TalkerFrame(model, cache, seen, suppress, eos)
+    width = 16
+    runner = GraphRunner("talker", step, step.inputs(torch.float32, width, scratch, n), "cpu", (1, 4))
+    before = seen.clone()
+
+    def run(idx: list[int]) -> dict:
+        seen.copy_(before)
+        rows = decode_kv.rows(cache, [keys[i] for i in idx], width) | {
+            "x": x[idx], "frame": frames[idx], "slot": idx, "no_eos": [False] * len(idx),
+            **sampling_rows("t", [SAMPLED] * len(idx)), **sampling_rows("p", [predictor] * len(idx))}
+        with torch.inference_mode():
+            return runner(len(idx), rows)
+
+    together = run([0, 1, 2])
+    assert together["codes"].tolist() == ref.codes.tolist()
+    torch.testing.assert_close(together["embed_sum"], ref.embed_sum, rtol=1e-5, atol=1e-5)
+    assert all(seen[i, ref.codes[i, 0]] for i in range(n))  # each stream's penalty state gained its code
+    for i in range(n):
+        alone = run([i])
+        assert alone["codes"].tolist() == [together["codes"][i].tolist()]
+    cache.check()
