@@ -77,5 +77,5 @@ class TalkerFrame:
         code0 = static_sampler(b, "t")(logits, b["frame"], self.seen[b["slot"]], suppress)
         predictor, frame_no = static_sampler(b, "p"), b["frame"]
         frame = talker.next_frame(hidden, code0, lambda lg, step: predictor(lg, frame_no * 16 + step))
-        self.seen[b["slot"], code0] = True
+        self.seen[b["slot"], code0] = torch.ones_like(code0, dtype=torch.bool)  # a device value: capturable
         return {"codes": frame.codes, "embed_sum": frame.embed_sum}
