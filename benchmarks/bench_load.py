@@ -74,11 +74,9 @@ class Result:
     errors: list[str] = field(default_factory=list)
     ttfa_ms: float | None = None
     rtf: float | None = None
-    audio_s: float = 0.0
     text_tokens: int = 0
     frames: int = 0
-    underruns: int = 0
-    starved_ms: float = 0.0
+    player: Player = field(default_factory=Player)
     append_late_ms: float = 0.0  # how far behind the wall clock this client's appends fell (client overload)
 
 
@@ -101,9 +99,9 @@ async def session(http: aiohttp.ClientSession, url: str, chunks: list[str], syst
 async def _converse(ws: aiohttp.ClientWebSocketResponse, chunks: list[str], system: str, res: Result) -> None:
     committed = asyncio.get_running_loop().create_future()
     reader = asyncio.create_task(_read(ws, committed, res))
-    await ws.send_json({"type": "session.update", "session": {
-        "type": "realtime", "instructions": system, "audio": {"input": {"turn_detection": None}}}})
     try:
+        await ws.send_json({"type": "session.update", "session": {
+            "type": "realtime", "instructions": system, "audio": {"input": {"turn_detection": None}}}})
         t0 = time.perf_counter()
         for i, chunk in enumerate(chunks):
             if reader.done():
@@ -123,7 +121,7 @@ async def _converse(ws: aiohttp.ClientWebSocketResponse, chunks: list[str], syst
 
 async def _read(ws: aiohttp.ClientWebSocketResponse, committed: asyncio.Future, res: Result) -> None:
     """Events until response.done (or the socket closes), playing the audio on a simulated clock."""
-    player = Player()
+    player = res.player
     while True:
         msg = await ws.receive()
         if msg.type != aiohttp.WSMsgType.TEXT:
@@ -137,7 +135,6 @@ async def _read(ws: aiohttp.ClientWebSocketResponse, committed: asyncio.Future, 
             if player.samples == 0:
                 res.ttfa_ms = (now - committed.result()) * 1e3
             player.feed(now, len(base64.b64decode(ev["delta"])) // 2)
-            res.underruns, res.starved_ms = player.underruns, player.starved_s * 1e3
         elif kind == "response.done":
             resp = ev["response"]
             if resp["status"] not in ("completed", "incomplete"):
@@ -145,9 +142,8 @@ async def _read(ws: aiohttp.ClientWebSocketResponse, committed: asyncio.Future, 
             usage = resp.get("usage") or {}
             res.text_tokens = usage.get("output_token_details", {}).get("text_tokens", 0)
             res.frames = usage.get("output_token_details", {}).get("audio_tokens", 0)
-            res.audio_s = player.samples / 24000
             if player.samples:
-                res.rtf = (now - committed.result()) / res.audio_s
+                res.rtf = (now - committed.result()) / (player.samples / 24000)
             return
 
 
@@ -166,10 +162,10 @@ def summary(results: list[Result], args: argparse.Namespace) -> dict:
     if ok:
         out.update({f"ttfa_ms_p{q}": round(pct(ttfa, q), 1) for q in (50, 95, 99)})
         out.update(rtf_median=round(statistics.median(rtf), 3), rtf_max=round(max(rtf), 3),
-                   audio_s_median=round(statistics.median(r.audio_s for r in ok), 3))
-    out.update(underrun_sessions=sum(1 for r in results if r.underruns),
-               underrun_events=sum(r.underruns for r in results),
-               underrun_ms=round(sum(r.starved_ms for r in results), 1),
+                   audio_s_median=round(statistics.median(r.player.samples / 24000 for r in ok), 3))
+    out.update(underrun_sessions=sum(1 for r in results if r.player.underruns),
+               underrun_events=sum(r.player.underruns for r in results),
+               underrun_ms=round(sum(r.player.starved_s for r in results) * 1e3, 1),
                short_replies=sum(1 for r in ok if r.text_tokens < args.text_tokens or r.frames < args.frames),
                append_late_ms_max=round(max(r.append_late_ms for r in results), 1))
     if torch.cuda.is_available() and args.device.startswith("cuda"):
@@ -193,7 +189,7 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
     system = " word" * args.system_tokens
     lines = []
     try:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             warm = await session(http, url, chunks, system, 0.0, args.timeout_s)
             if warm.errors:
                 raise RuntimeError(f"warm-up session failed: {warm.errors}")
