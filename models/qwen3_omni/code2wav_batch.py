@@ -26,6 +26,10 @@ from models.qwen3_omni.code2wav import CausalConv, CausalTransConv, Code2Wav, Co
 _CAUSAL = (CausalConv, ConvNeXt, ResidualUnit)
 
 
+def _in_channels(layer: nn.Module) -> int:
+    return next(m for m in layer.modules() if isinstance(m, nn.Conv1d | nn.ConvTranspose1d)).in_channels
+
+
 class _SlotKV:
     """The KVCache the transformer layers call, over the rows' slots of the ring buffers."""
 
@@ -83,12 +87,10 @@ class Code2WavSlots:
         self.tails: dict[int, torch.Tensor] = {}
         self.pending: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
-            if isinstance(layer, (CausalTransConv, *_CAUSAL)):
-                channels = next(m for m in layer.modules() if isinstance(m, nn.Conv1d | nn.ConvTranspose1d)).in_channels
-                size = layer.lookahead if isinstance(layer, CausalTransConv) else layer.context
-                state = self.pending if isinstance(layer, CausalTransConv) else self.tails
-                if size:
-                    state[i] = torch.zeros(total, channels, size, device=device, dtype=dtype)
+            if isinstance(layer, CausalTransConv) and layer.lookahead:
+                self.pending[i] = torch.zeros(total, _in_channels(layer), layer.lookahead, device=device, dtype=dtype)
+            elif isinstance(layer, _CAUSAL) and layer.context:
+                self.tails[i] = torch.zeros(total, _in_channels(layer), layer.context, device=device, dtype=dtype)
         self._free = list(range(slots - 1, -1, -1))
         self._open: set[int] = set()
 
@@ -109,10 +111,10 @@ class Code2WavSlots:
         self._free.append(slot)
 
     def _reset(self, slot: int) -> None:
-        for buf in (self.k[:, slot], self.v[:, slot], self.frames[slot], *(b[slot] for b in self.tails.values())):
-            buf.zero_()
-        for b in self.pending.values():
-            b[slot].zero_()
+        for buf in (self.k, self.v):
+            buf[:, slot].zero_()
+        for buf in (self.frames, *self.tails.values(), *self.pending.values()):
+            buf[slot].zero_()
 
     @torch.no_grad()
     def push(self, slot: int, codes: torch.Tensor) -> torch.Tensor:
