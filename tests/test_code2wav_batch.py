@@ -35,7 +35,7 @@ class Models:
         return torch.randint(0, self.cfg.codebook_size, (1, self.cfg.num_quantizers, frames), generator=g)
 
     def lengths(self) -> list[int]:
-        return [1, 2, 5, self.cfg.sliding_window + 8, 7, 3]
+        return [1, 2, 5, self.cfg.sliding_window + 8, 7, 3, 12, 4]
 
 
 @pytest.fixture(scope="module", params=["a", "b"])
@@ -50,9 +50,10 @@ def m(request: pytest.FixtureRequest) -> Models:
 @dataclass
 class Run:
     outs: list[list[torch.Tensor]]
-    batches: list[int] = field(default_factory=list)  # real rows per step() call
+    batches: dict[bool, list[int]] = field(default_factory=lambda: {False: [], True: []})  # real rows per step
     padded: int = 0  # step() calls with padding rows
-    eager_later: int = 0  # push() calls after a stream's first
+    eager_first: int = 0  # push() calls at a stream's start
+    eager_later: int = 0  # push() calls later in a stream
 
 
 def run(dec: Code2WavSlots, streams: list[torch.Tensor], seed: int) -> Run:
@@ -60,37 +61,43 @@ def run(dec: Code2WavSlots, streams: list[torch.Tensor], seed: int) -> Run:
     rng = random.Random(seed)
     result = Run([[] for _ in streams])
     waiting, active = list(range(len(streams))), {}  # active: slot -> [stream, frames pushed]
+
+    def step(rows: list[int], first: bool) -> None:
+        rng.shuffle(rows)
+        bucket = next(b for b in BUCKETS if b >= len(rows))
+        padded = list(rows)
+        for _ in range(bucket - len(rows)):
+            padded.insert(rng.randint(0, len(padded)), dec.scratch)
+        codes = torch.stack([streams[active[r][0]][0, :, active[r][1]] if r in active else streams[0][0, :, 0]
+                             for r in padded])
+        out = dec.step(torch.tensor(padded), codes, first=first)
+        assert out.shape == (bucket, 1920 - 555 * first)
+        for i, r in enumerate(padded):
+            if r != dec.scratch:
+                result.outs[active[r][0]].append(out[i : i + 1])
+                active[r][1] += 1
+        result.batches[first].append(len(rows))
+        result.padded += bucket > len(rows)
+
     while waiting or active:
         while waiting and len(active) < dec.scratch:
             active[dec.open()] = [waiting.pop(0), 0]
-        rows = []
+        rows: dict[bool, list[int]] = {False: [], True: []}
         for slot, (s, pos) in list(active.items()):
             codes, left = streams[s], streams[s].shape[-1] - pos
             if rng.random() < 0.25:
                 continue
-            if pos == 0 or rng.random() < 0.1:
+            if rng.random() < (0.5 if pos == 0 else 0.1):
                 n = rng.randint(1, min(3, left))
                 result.outs[s].append(dec.push(slot, codes[..., pos : pos + n]))
+                result.eager_first += pos == 0
                 result.eager_later += pos > 0
                 active[slot][1] += n
             else:
-                rows.append(slot)
-        rng.shuffle(rows)
-        if rows:
-            bucket = next(b for b in BUCKETS if b >= len(rows))
-            padded = list(rows)
-            for _ in range(bucket - len(rows)):
-                padded.insert(rng.randint(0, len(padded)), dec.scratch)
-            codes = torch.stack([streams[active[r][0]][0, :, active[r][1]] if r in active else streams[0][0, :, 0]
-                                 for r in padded])
-            out = dec.step(torch.tensor(padded), codes)
-            assert out.shape == (bucket, dec.model.cfg.samples_per_frame)
-            for i, r in enumerate(padded):
-                if r != dec.scratch:
-                    result.outs[active[r][0]].append(out[i : i + 1])
-                    active[r][1] += 1
-            result.batches.append(len(rows))
-            result.padded += bucket > len(rows)
+                rows[pos == 0].append(slot)
+        for first, group in rows.items():
+            if group:
+                step(group, first)
         for slot, (s, pos) in list(active.items()):
             if pos == streams[s].shape[-1]:
                 dec.close(slot)
@@ -105,9 +112,10 @@ def one_by_one(model: Code2Wav, codes: torch.Tensor) -> torch.Tensor:
 
 def test_interleaved_streams_equal_one_shot_float64(m):
     streams = [m.codes(n, seed=i) for i, n in enumerate(m.lengths())]
-    dec = Code2WavSlots(m.f64, 3, "cpu", torch.float64, clamp=False)
+    dec = Code2WavSlots(m.f64, 5, "cpu", torch.float64, clamp=False)
     r = run(dec, streams, seed=0)
-    assert max(r.batches) >= 2 and min(r.batches) == 1 and r.padded and r.eager_later
+    assert max(r.batches[False]) >= 2 and min(r.batches[False]) == 1 and r.batches[True] and r.padded
+    assert r.eager_first and r.eager_later
     for codes, outs in zip(streams, r.outs, strict=True):
         got = torch.cat(outs, dim=-1)
         with torch.no_grad():
@@ -165,12 +173,14 @@ def test_bad_calls_raise(m):
     a, b = dec.open(), dec.open()
     with pytest.raises(RuntimeError, match="in use"):
         dec.open()
-    with pytest.raises(ValueError, match="no frame yet"):
+    with pytest.raises(ValueError, match="has 0 frames"):
         dec.step(torch.tensor([a]), codes[:, :, 0])
-    dec.push(a, codes[..., :1])
+    dec.step(torch.tensor([a, dec.scratch]), codes[0, :, :2].T, first=True)
     dec.push(b, codes[..., :1])
     with pytest.raises(ValueError, match="twice"):
         dec.step(torch.tensor([a, a]), codes[0, :, :2].T)
+    with pytest.raises(ValueError, match="has 1 frames"):
+        dec.step(torch.tensor([a]), codes[:, :, 1], first=True)
     with pytest.raises(ValueError, match="expected"):
         dec.step(torch.tensor([a, b]), codes[:, :, 0])
     with pytest.raises(ValueError, match="expected"):

@@ -10,9 +10,10 @@ and does no host sync: gather each row's state by slot, run the layers, write th
 - causal convs: the last `context` inputs (zeros for a fresh slot: the one-shot's padding).
 - look-ahead transposed convs: the last `lookahead` inputs, put in front of the next ones.
 
-A stream's first push has nothing pending, so it yields `holdback` fewer samples: `push` (eager, one
-slot, any number of frames, also later in the stream) handles it; `step` is for rows that have seen a
-frame. Samples equal `Code2Wav.decode` of the stream's frames, like Code2WavStream's.
+A stream's first frame has nothing pending, so it yields `holdback` fewer samples: `step(first=True)`
+batches first frames, `step` later ones (two fixed-shape calls per batch size), and `push` takes any
+number of frames of one stream, first or later, eagerly. Samples equal `Code2Wav.decode` of the
+stream's frames, like Code2WavStream's.
 """
 
 from __future__ import annotations
@@ -132,26 +133,30 @@ class Code2WavSlots:
         return self._forward(slots, codes, fresh=int(self.frames[slot]) == 0)
 
     @torch.no_grad()
-    def step(self, slots: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-        """One frame per row: slots [B] int64, codes [B, Q] -> samples [B, samples_per_frame].
+    def step(self, slots: torch.Tensor, codes: torch.Tensor, first: bool = False) -> torch.Tensor:
+        """One frame per row: slots [B] int64, codes [B, Q] -> samples [B, S].
 
-        Every row's slot has seen a frame already; rows are distinct slots, except padding rows, which
-        point at `self.scratch` and whose output means nothing. No host sync when slots is on a GPU;
-        on the CPU the rows are checked.
+        Every row's slot has seen a frame already, S = samples_per_frame; or, with `first`, none has,
+        and S = samples_per_frame - holdback. Rows are distinct slots, except padding rows, which point
+        at `self.scratch` and whose output means nothing. No host sync when slots is on a GPU; on the
+        CPU the rows are checked.
         """
         if codes.dim() != 2 or slots.shape != codes.shape[:1]:
             raise ValueError(f"expected slots [B] and codes [B, Q], got {tuple(slots.shape)}, {tuple(codes.shape)}")
         if slots.device.type == "cpu":
-            self._check(slots.tolist())
-        return self._forward(slots, codes[..., None], fresh=False)
+            self._check(slots.tolist(), first)
+        return self._forward(slots, codes[..., None], fresh=first)
 
-    def _check(self, rows: list[int]) -> None:
+    def _check(self, rows: list[int], first: bool) -> None:
         real = [s for s in rows if s != self.scratch]
         if len(set(real)) != len(real):
             raise ValueError(f"a slot appears twice in one step: {rows}")
         for s in real:
-            if s not in self._open or int(self.frames[s]) == 0:
-                raise ValueError(f"slot {s} is not open or has no frame yet: its first frame goes to push()")
+            if s not in self._open:
+                raise ValueError(f"slot {s} is not open")
+            if (int(self.frames[s]) == 0) != first:
+                raise ValueError(f"slot {s} has {int(self.frames[s])} frames: a stream's first frame, and only "
+                                 "that, goes to push() or step(first=True)")
 
     def _forward(self, slots: torch.Tensor, codes: torch.Tensor, fresh: bool) -> torch.Tensor:
         n = codes.shape[-1]
