@@ -1,0 +1,262 @@
+"""Concurrent sessions through the real WebSocket server: time to first audio, real-time factor, underruns.
+
+Each level runs N sessions against realtime.server.Server on loopback, in this process, on one Pipeline
+(random weights, built as bench_pipeline builds them). A session connects, sets manual turn detection and
+a 32-token system prompt, streams its question in real time as 20 ms appends (sessions start spread evenly
+over --spread-s), then commits and asks for a response. Reply lengths are capped by the server Limits.
+
+- TTFA: commit sent -> first response.output_audio.delta received.
+- RTF: commit sent -> response.done, over the seconds of audio received.
+- Underruns: a simulated player starts 100 ms after the first delta and plays in real time; when a delta
+  arrives after the audio received so far has run out, that is one underrun and the gap is starved time
+  (playback then resumes on the new audio). The silence after the last delta is the end, not a gap.
+- Errors: error events, responses that end failed or cancelled, socket drops, timeouts, no audio.
+
+  python benchmarks/bench_load.py                                       # full size on CUDA, 1,8,32,64
+  python benchmarks/bench_load.py --tiny --device cpu --sessions 4      # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import torch
+from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_pipeline import speech_like  # noqa: E402
+from models.qwen3_omni.audio_features import resample  # noqa: E402
+from models.qwen3_omni.config import OmniConfig  # noqa: E402
+from models.qwen3_omni.model import random_model  # noqa: E402
+from models.qwen3_omni.program import PipelineConfig, Qwen3OmniProgram  # noqa: E402
+from models.qwen3_omni.tiny import FULL_CONFIG, tiny_config  # noqa: E402
+from models.qwen3_omni.tokenizer import Tokenizer  # noqa: E402
+from pipelines.pipeline import Pipeline  # noqa: E402
+from realtime.server import Server, ServerConfig  # noqa: E402
+from realtime.session import Limits  # noqa: E402
+
+APPEND_S = 0.02
+START_BUFFER_S = 0.1
+
+
+@dataclass
+class Player:
+    """Plays audio in real time from START_BUFFER_S after its first chunk; stalls (an underrun) when it runs dry."""
+    samples: int = 0
+    dry_at: float = 0.0  # when the audio received so far runs out
+    underruns: int = 0
+    starved_s: float = 0.0
+
+    def feed(self, now: float, samples: int) -> None:
+        if self.samples == 0:
+            self.dry_at = now + START_BUFFER_S
+        elif now > self.dry_at:
+            self.underruns += 1
+            self.starved_s += now - self.dry_at
+            self.dry_at = now
+        self.dry_at += samples / 24000
+        self.samples += samples
+
+
+@dataclass
+class Result:
+    errors: list[str] = field(default_factory=list)
+    ttfa_ms: float | None = None
+    rtf: float | None = None
+    text_tokens: int = 0
+    frames: int = 0
+    player: Player = field(default_factory=Player)
+    append_late_ms: float = 0.0  # how far behind the wall clock this client's appends fell (client overload)
+
+
+async def session(http: aiohttp.ClientSession, url: str, chunks: list[str], system: str, delay_s: float,
+                  timeout_s: float) -> Result:
+    await asyncio.sleep(delay_s)
+    res = Result()
+    try:
+        async with http.ws_connect(url, max_msg_size=0) as ws:
+            await asyncio.wait_for(_converse(ws, chunks, system, res), timeout_s)
+    except TimeoutError:
+        res.errors.append("timeout")
+    except (aiohttp.ClientError, ConnectionError) as e:
+        res.errors.append(f"socket: {e!r}")
+    if res.ttfa_ms is None and not res.errors:
+        res.errors.append("no audio")
+    return res
+
+
+async def _converse(ws: aiohttp.ClientWebSocketResponse, chunks: list[str], system: str, res: Result) -> None:
+    committed = asyncio.get_running_loop().create_future()
+    reader = asyncio.create_task(_read(ws, committed, res))
+    try:
+        await ws.send_json({"type": "session.update", "session": {
+            "type": "realtime", "instructions": system, "audio": {"input": {"turn_detection": None}}}})
+        t0 = time.perf_counter()
+        for i, chunk in enumerate(chunks):
+            if reader.done():
+                break
+            await asyncio.sleep(max(0.0, t0 + i * APPEND_S - time.perf_counter()))
+            res.append_late_ms = max(res.append_late_ms, (time.perf_counter() - t0 - i * APPEND_S) * 1e3)
+            await ws.send_json({"type": "input_audio_buffer.append", "audio": chunk})
+        if not reader.done():
+            committed.set_result(time.perf_counter())
+            await ws.send_json({"type": "input_audio_buffer.commit"})
+            await ws.send_json({"type": "response.create"})
+    except ConnectionError as e:
+        res.errors.append(f"socket: {e!r}")
+        await ws.close()
+    await reader
+
+
+async def _read(ws: aiohttp.ClientWebSocketResponse, committed: asyncio.Future, res: Result) -> None:
+    """Events until response.done (or the socket closes), playing the audio on a simulated clock."""
+    player = res.player
+    while True:
+        msg = await ws.receive()
+        if msg.type != aiohttp.WSMsgType.TEXT:
+            res.errors.append(f"socket closed before response.done: {msg.type.name} {ws.close_code}")
+            return
+        ev, now = json.loads(msg.data), time.perf_counter()
+        kind = ev.get("type")
+        if kind == "error":
+            res.errors.append(f"error event: {ev.get('error', {}).get('code')}: {ev.get('error', {}).get('message')}")
+        elif kind == "response.output_audio.delta":
+            if player.samples == 0:
+                res.ttfa_ms = (now - committed.result()) * 1e3
+            player.feed(now, len(base64.b64decode(ev["delta"])) // 2)
+        elif kind == "response.done":
+            resp = ev["response"]
+            if resp["status"] not in ("completed", "incomplete"):
+                res.errors.append(f"response {resp['status']}: {resp.get('status_details')}")
+            usage = resp.get("usage") or {}
+            res.text_tokens = usage.get("output_token_details", {}).get("text_tokens", 0)
+            res.frames = usage.get("output_token_details", {}).get("audio_tokens", 0)
+            if player.samples:
+                res.rtf = (now - committed.result()) / (player.samples / 24000)
+            return
+
+
+def pct(xs: list[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    s = sorted(xs)
+    return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
+
+
+def summary(results: list[Result], args: argparse.Namespace) -> dict:
+    ok = [r for r in results if r.ttfa_ms is not None and r.rtf is not None]
+    ttfa, rtf = [r.ttfa_ms for r in ok], [r.rtf for r in ok]
+    out = {"sessions": len(results), "measured": len(ok), "errors": sum(len(r.errors) for r in results),
+           "sessions_with_errors": sum(1 for r in results if r.errors),
+           "error_samples": sorted({e for r in results for e in r.errors})[:5]}
+    if ok:
+        out.update({f"ttfa_ms_p{q}": round(pct(ttfa, q), 1) for q in (50, 95, 99)})
+        out.update(rtf_median=round(statistics.median(rtf), 3), rtf_max=round(max(rtf), 3),
+                   audio_s_median=round(statistics.median(r.player.samples / 24000 for r in ok), 3))
+    out.update(underrun_sessions=sum(1 for r in results if r.player.underruns),
+               underrun_events=sum(r.player.underruns for r in results),
+               underrun_ms=round(sum(r.player.starved_s for r in results) * 1e3, 1),
+               short_replies=sum(1 for r in ok if r.text_tokens < args.text_tokens or r.frames < args.frames),
+               append_late_ms_max=round(max(r.append_late_ms for r in results), 1))
+    if torch.cuda.is_available() and args.device.startswith("cuda"):
+        out["gpu_max_allocated_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        out["gpu_max_reserved_GiB"] = round(torch.cuda.max_memory_reserved() / 2**30, 2)
+    return out
+
+
+async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[int], header: dict) -> list[dict]:
+    limits = Limits(max_text_tokens=args.text_tokens, max_frames=args.frames)
+    server = Server(pipeline, ServerConfig(max_sessions=max(levels) + 1, limits=limits))
+    runner = web.AppRunner(server.app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"ws://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1/realtime?model=qwen3-omni"
+    pcm = resample(speech_like(args.audio_seconds), 16000, 24000)
+    step = int(24000 * APPEND_S)
+    chunks = [base64.b64encode((pcm[i : i + step].clamp(-1, 1) * 32767).to(torch.int16).numpy().tobytes()).decode()
+              for i in range(0, len(pcm), step)]
+    system = " word" * args.system_tokens
+    lines = []
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            warm = await session(http, url, chunks, system, 0.0, args.timeout_s)
+            if warm.errors:
+                raise RuntimeError(f"warm-up session failed: {warm.errors}")
+            for n in levels:
+                if torch.cuda.is_available() and args.device.startswith("cuda"):
+                    torch.cuda.reset_peak_memory_stats()
+                results = await asyncio.gather(*(session(http, url, chunks, system, i * args.spread_s / n,
+                                                         args.timeout_s) for i in range(n)))
+                line = {**header, "bench": "load", "audio_seconds": args.audio_seconds,
+                        "text_tokens": args.text_tokens, "frames": args.frames, "spread_s": args.spread_s,
+                        **summary(results, args)}
+                print(json.dumps(line), flush=True)
+                if args.out:
+                    with open(args.out, "a") as f:
+                        f.write(json.dumps(line) + "\n")
+                lines.append(line)
+    finally:
+        await runner.cleanup()
+    return lines
+
+
+def table(lines: list[dict]) -> str:
+    cols = ["sessions", "errors", "ttfa_ms_p50", "ttfa_ms_p95", "ttfa_ms_p99", "rtf_median", "rtf_max",
+            "underrun_sessions", "underrun_ms"]
+    rows = [cols] + [[str(line.get(c, "-")) for c in cols] for line in lines]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    return "\n".join("  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in rows)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tiny", action="store_true", help="tiny random model instead of full size")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    ap.add_argument("--sessions", default="1,8,32,64", help="comma-separated numbers of concurrent sessions")
+    ap.add_argument("--audio-seconds", type=float, default=3.0)
+    ap.add_argument("--system-tokens", type=int, default=32)
+    ap.add_argument("--text-tokens", type=int, default=16, help="server limit on reply text tokens")
+    ap.add_argument("--frames", type=int, default=25, help="server limit on reply codec frames (80 ms each)")
+    ap.add_argument("--spread-s", type=float, default=1.0, help="session starts are spread evenly over this")
+    ap.add_argument("--timeout-s", type=float, default=600.0, help="a session taking longer is an error")
+    ap.add_argument("--out", help="append the JSON lines to this file")
+    args = ap.parse_args(argv)
+    try:
+        levels = [int(x) for x in args.sessions.split(",")]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        ap.error(f"--sessions must be comma-separated positive integers, not {args.sessions!r}")
+    if args.audio_seconds < 0.2 or args.spread_s < 0 or args.text_tokens < 1 or args.frames < 1:
+        ap.error("need --audio-seconds >= 0.2 (the server's minimum commit is 100 ms), --spread-s >= 0, "
+                 "--text-tokens >= 1, --frames >= 1")
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    torch.manual_seed(0)
+    cfg = OmniConfig.from_hf(tiny_config("a") if args.tiny else json.loads(FULL_CONFIG.read_text()))
+    header: dict = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+                    "torch": torch.__version__, "dtype": dtype, "size": "tiny" if args.tiny else "full"}
+    t0 = time.perf_counter()
+    model = random_model(cfg, args.device, getattr(torch, dtype))
+    header["build_s"] = round(time.perf_counter() - t0, 1)
+    header["params_B"] = round(sum(p.numel() for p in model.parameters()) / 1e9, 2)
+    program = Qwen3OmniProgram(model, Tokenizer.builtin(), PipelineConfig.on("random-weights", args.device, dtype))
+    with Pipeline(program) as pipeline:
+        lines = asyncio.run(run_levels(pipeline, args, levels, header))
+    print(table(lines), file=sys.stderr)
+    return lines
+
+
+if __name__ == "__main__":
+    main()

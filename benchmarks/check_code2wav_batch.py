@@ -1,0 +1,130 @@
+"""Code2WavSlots.step at full size on the GPU: eager vs one captured CUDA graph per batch size.
+
+  python benchmarks/check_code2wav_batch.py [--buckets 1,8,64] [--iters 50]
+  python benchmarks/check_code2wav_batch.py --tiny --device cpu   # the same code, eager only
+
+Random weights, bf16. Every slot holds a stream of `--frames` frames before timing. Per batch size:
+ms per step eager and as a graph replay, and the largest difference between one eager step and one
+replay from the same state (samples and every state buffer). Also one 80-frame stream (longer than
+the window) through push + step vs the one-shot decode and Code2WavStream, relative L2.
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from models.qwen3_omni.code2wav import Code2Wav  # noqa: E402
+from models.qwen3_omni.code2wav_batch import Code2WavSlots  # noqa: E402
+from models.qwen3_omni.code2wav_stream import Code2WavStream  # noqa: E402
+from models.qwen3_omni.config import OmniConfig  # noqa: E402
+from models.qwen3_omni.tiny import FULL_CONFIG, random_weights_, tiny_config  # noqa: E402
+
+
+def state(dec: Code2WavSlots) -> list[torch.Tensor]:
+    return [dec.k, dec.v, dec.frames, *dec.tails.values(), *dec.pending.values()]
+
+
+def timed(fn, iters: int, cuda: bool) -> float:
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1000 / iters
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float().reshape(-1), b.float().reshape(-1)
+    return float((a - b).norm() / b.norm())
+
+
+@torch.no_grad()
+def bucket(dec: Code2WavSlots, size: int, iters: int, codes: torch.Tensor) -> dict:
+    cuda = codes.is_cuda
+    slots = torch.arange(size, device=codes.device)
+    frame = codes[:size, :, 0].clone()
+    step = lambda: dec.step(slots, frame)  # noqa: E731
+    side = torch.cuda.Stream() if cuda else None
+    if cuda:  # warm up on a side stream before capture, as torch.cuda.graph's docs ask
+        side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    if cuda:
+        torch.cuda.current_stream().wait_stream(side)
+    result = {"eager_ms": round(timed(step, iters, cuda), 3)}
+    if not cuda:
+        return result
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    result["graph_ms"] = round(timed(graph.replay, iters, cuda), 3)
+    saved = [t.clone() for t in state(dec)]
+    eager = step()
+    after = [t.clone() for t in state(dec)]
+    for t, s in zip(state(dec), saved, strict=True):
+        t.copy_(s)
+    graph.replay()
+    torch.cuda.synchronize()
+    result["graph_vs_eager_max_abs"] = float((out.float() - eager.float()).abs().max())
+    result["state_graph_vs_eager_max_abs"] = max(
+        float((t.float() - a.float()).abs().max()) for t, a in zip(state(dec), after, strict=True)
+    )
+    result["peak"] = float(eager.float().abs().max())
+    return result
+
+
+@torch.no_grad()
+def long_stream(model: Code2Wav, codes: torch.Tensor) -> dict:
+    dec = Code2WavSlots(model, 2, codes.device, torch.bfloat16, clamp=False)
+    slot = dec.open()
+    outs = [dec.push(slot, codes[..., 0])]
+    for f in range(1, codes.shape[-1]):
+        outs.append(dec.step(torch.tensor([dec.scratch, slot], device=codes.device), codes[0, :, f].expand(2, -1))[1:])
+    got = torch.cat(outs, dim=-1)
+    stream = Code2WavStream(model, clamp=False)
+    streamed = torch.cat([stream.push(codes[..., f]) for f in range(codes.shape[-1])], dim=-1)
+    whole = model.decode(codes, clamp=False)
+    return {"frames": codes.shape[-1], "vs_decode_rel": rel(got, whole), "vs_stream_rel": rel(got, streamed),
+            "stream_vs_decode_rel": rel(streamed, whole)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--buckets", default="1,8,64")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--frames", type=int, default=8)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true")
+    args = ap.parse_args()
+    sizes, dev = [int(b) for b in args.buckets.split(",")], torch.device(args.device)
+    cfg = OmniConfig.from_hf(tiny_config("a") if args.tiny else json.loads(FULL_CONFIG.read_text())).code2wav
+    model = Code2Wav(cfg).to(dev)
+    random_weights_(model, 0)
+    model = model.to(torch.bfloat16).eval().requires_grad_(False)
+    g = torch.Generator(device=dev).manual_seed(0)
+    codes = torch.randint(0, cfg.codebook_size, (max(sizes), cfg.num_quantizers, 80), device=dev, generator=g)
+    dec = Code2WavSlots(model, max(sizes), dev, torch.bfloat16)
+    with torch.no_grad():
+        for row in range(max(sizes)):
+            dec.push(dec.open(), codes[row : row + 1, :, : args.frames])
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    out = {"device": name, "tiny": args.tiny, "torch": torch.__version__, "dtype": "bfloat16"}
+    out["buckets"] = {str(s): bucket(dec, s, args.iters, codes) for s in sorted(sizes, reverse=True)}
+    out["long_stream"] = long_stream(model, codes[:1])
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

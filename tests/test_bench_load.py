@@ -1,0 +1,65 @@
+"""benchmarks/bench_load.py: the load benchmark runs through the real server with the tiny model on CPU."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.bench_load import START_BUFFER_S, Player, main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_four_sessions_through_the_real_server(tmp_path: Path) -> None:
+    out = tmp_path / "load.jsonl"
+    out.write_text('{"earlier": "line"}\n')  # --out appends
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_load.py"), "--tiny", "--device", "cpu", "--sessions",
+           "4", "--audio-seconds", "1", "--text-tokens", "4", "--frames", "6", "--spread-s", "0.3",
+           "--timeout-s", "60", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert len(printed) == 1
+    line = printed[0]
+    assert [json.loads(x) for x in out.read_text().splitlines()] == [{"earlier": "line"}, line]
+    assert line["errors"] == 0 and line["sessions_with_errors"] == 0, line["error_samples"]
+    assert line["sessions"] == 4 and line["measured"] == 4
+    for key in ("ttfa_ms_p50", "ttfa_ms_p95", "ttfa_ms_p99", "rtf_median", "rtf_max", "audio_s_median"):
+        assert math.isfinite(line[key]) and line[key] > 0, key
+    assert line["ttfa_ms_p50"] <= line["ttfa_ms_p95"] <= line["ttfa_ms_p99"]
+    assert line["rtf_median"] <= line["rtf_max"]
+    assert 0 < line["audio_s_median"] <= 6 * 0.08  # the server's max_frames limit holds
+    for key in ("underrun_sessions", "underrun_events", "underrun_ms", "short_replies", "device", "torch",
+                "dtype", "size", "params_B"):
+        assert key in line, key
+    assert (line["size"], line["device"], line["dtype"]) == ("tiny", "cpu", "float32")
+    assert "ttfa_ms_p95" in proc.stderr  # the human table
+
+
+def test_player_counts_gaps_after_the_start_buffer() -> None:
+    frame = 1920  # 80 ms at 24 kHz
+    on_time = Player()
+    for i in range(10):  # a frame every 80 ms keeps the 100 ms start buffer
+        on_time.feed(i * 0.08, frame)
+    assert (on_time.underruns, on_time.starved_s) == (0, 0.0)
+    slow = Player()
+    slow.feed(0.0, frame)  # plays 0.1 .. 0.18
+    slow.feed(0.15, frame)  # in time: plays 0.18 .. 0.26
+    slow.feed(0.30, frame)  # 40 ms late, then plays 0.30 .. 0.38
+    slow.feed(0.35, frame)  # in time
+    assert slow.underruns == 1 and slow.starved_s == pytest.approx(0.04)
+    assert slow.samples == 4 * frame and slow.dry_at == pytest.approx(0.46)
+    assert START_BUFFER_S == 0.1
+
+
+@pytest.mark.parametrize("bad", [["--sessions", "0"], ["--sessions", "4,x"], ["--audio-seconds", "0"]])
+def test_bad_flags_are_refused_before_building_a_model(bad: list[str], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--tiny", "--device", "cpu", *bad])
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
