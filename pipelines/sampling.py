@@ -43,6 +43,13 @@ def uniform(seed: torch.Tensor, step: torch.Tensor, n: int) -> torch.Tensor:
     return ((x >> 8).float() + 0.5) / float(1 << 24)
 
 
+def gumbel_noise(seed: torch.Tensor, steps: torch.Tensor, n: int) -> torch.Tensor:
+    """[B, S, n] Gumbel noise for rows with seeds [B] at sampling counters steps [B, S]."""
+    b, s = steps.shape
+    u = uniform(seed[:, None].expand(b, s).reshape(-1), steps.reshape(-1), n)
+    return (-torch.log(-torch.log(u))).view(b, s, n)
+
+
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
     """seen: [B, V] bool; penalty: [B]. Seen logits > 0 are divided by it, others multiplied."""
     p = penalty[:, None].to(logits.dtype)
@@ -84,8 +91,10 @@ class Sampler:
         step: torch.Tensor,
         seen: torch.Tensor | None = None,
         suppress: torch.Tensor | None = None,
+        gumbel: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """logits [B, V] -> ids [B]. step [B]: the row's sampling counter; suppress: [V] or [B, V] bool."""
+        """logits [B, V] -> ids [B]. step [B]: the row's sampling counter; suppress: [V] or [B, V] bool;
+        gumbel: this step's `gumbel_noise` when it was made ahead (several steps at once)."""
         logits = logits.float()
         if seen is not None and self.any_penalty:
             logits = apply_repetition_penalty(logits, seen, self.penalty)
@@ -95,6 +104,7 @@ class Sampler:
         if self.all_greedy:
             return greedy_ids
         scaled = top_k_top_p(logits / self.temperature[:, None], self.top_k, self.top_p)
-        gumbel = -torch.log(-torch.log(uniform(self.seed, step, logits.shape[-1])))
+        if gumbel is None:
+            gumbel = gumbel_noise(self.seed, step[:, None], logits.shape[-1])[:, 0]
         sampled = (scaled + gumbel).argmax(dim=-1)
         return torch.where(self.greedy, greedy_ids, sampled)

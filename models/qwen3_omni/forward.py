@@ -17,6 +17,7 @@ import torch
 from pipelines.decode_kv import DecodeKV, decode_inputs
 from pipelines.graphs import Input, Tensors
 from pipelines.kv_cache import PagedKVCache
+from pipelines.sampling import gumbel_noise
 from pipelines.step_sampling import sampling_inputs, static_sampler
 
 from .model import Qwen3Omni
@@ -76,6 +77,9 @@ class TalkerFrame:
         suppress = self.suppress[None, :] | (b["no_eos"][:, None] & eos)
         code0 = static_sampler(b, "t")(logits, b["frame"], self.seen[b["slot"]], suppress)
         predictor, frame_no = static_sampler(b, "p"), b["frame"]
-        frame = talker.next_frame(hidden, code0, lambda lg, step: predictor(lg, frame_no * 16 + step))
+        cp = talker.code_predictor
+        steps = frame_no[:, None] * 16 + torch.arange(cp.num_steps, device=frame_no.device)
+        noise = gumbel_noise(predictor.seed, steps, cp.cfg.vocab_size)  # all 15 draws' noise at once
+        frame = talker.next_frame(hidden, code0, lambda lg, i: predictor(lg, steps[:, i], gumbel=noise[:, i]))
         self.seen[b["slot"], code0] = torch.ones_like(code0, dtype=torch.bool)  # a device value: capturable
         return {"codes": frame.codes, "embed_sum": frame.embed_sum}

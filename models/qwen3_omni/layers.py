@@ -77,11 +77,13 @@ def attention(
     keys j <= past + i (and j > past + i - window when a sliding window is set). Returns [B, T, Hq, D].
     """
     t, n = q.shape[1], k.shape[1]
-    qi = torch.arange(t, device=q.device)[:, None] + past
-    kj = torch.arange(n, device=q.device)[None, :]
-    mask = kj <= qi
-    if window is not None:
-        mask &= kj > qi - window
+    mask = None  # one query after all its keys, no window: it sees every key
+    if t > 1 or (window is not None and n > window):
+        qi = torch.arange(t, device=q.device)[:, None] + past
+        kj = torch.arange(n, device=q.device)[None, :]
+        mask = kj <= qi
+        if window is not None:
+            mask &= kj > qi - window
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale,
         enable_gqa=q.shape[2] != k.shape[2],

@@ -1,0 +1,87 @@
+"""The Code2Wav stage: every speaking turn's newest frame, batched across sessions in one call.
+
+Each turn's stream owns a slot of a Code2WavSlots decoder from submission to its end. A step takes at
+most one frame per turn: streams on their first frame go through one fixed-shape call, the rest
+through another (both captured as CUDA graphs per batch bucket when graphs are on), and each batch's
+samples come back to the host in one copy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pipelines.graphs import BUCKETS, GraphRunner, Input
+from pipelines.kv_cache import BatchKV
+from pipelines.types import AudioChunk
+
+from .code2wav_batch import Code2WavSlots
+from .conversation import TurnState
+from .model import Qwen3Omni
+
+
+class Code2WavWork:
+    keep_kv = False
+
+    def __init__(self, turn: TurnState, slot: int, release) -> None:  # noqa: ANN001
+        self.turn, self.key, self.slot = turn, f"code2wav:{turn.turn_id}", slot
+        self.pushed = 0  # frames decoded so far
+        self._release = release
+
+    def urgency(self) -> float:
+        return self.turn.urgency()
+
+    def fail(self, code: str, message: str) -> None:
+        self.turn.fail(code, message)
+
+    def pending(self) -> int:
+        t = self.turn
+        if t.finished or t.audio_done:
+            return 0
+        return len(t.frames_out) or int(t.talker_done)
+
+    def release(self) -> None:
+        if self.slot is not None:
+            self._release(self.slot)
+            self.slot = None
+
+
+class Code2WavStep:
+    def __init__(self, model: Qwen3Omni, device: torch.device, dtype: torch.dtype, slots: int = 256,
+                 graphs: bool = False, buckets: tuple[int, ...] = BUCKETS) -> None:
+        self.model, self.device = model, device
+        self.streams = Code2WavSlots(model.code2wav, slots, device, dtype)
+        q = model.cfg.code2wav.num_quantizers
+        inputs = {"slot": Input((), torch.long, self.streams.scratch), "codes": Input((q,), torch.long, 0)}
+        s = self.streams
+        self.later = GraphRunner("code2wav", lambda b: {"pcm": s.step(b["slot"], b["codes"])}, inputs, device,
+                                 buckets, graphs)
+        self.first = GraphRunner("code2wav_first", lambda b: {"pcm": s.step(b["slot"], b["codes"], first=True)},
+                                 inputs, device, buckets, graphs)
+
+    def capture(self, pool: object | None) -> object | None:
+        return self.first.capture(self.later.capture(pool))
+
+    def work(self, turn: TurnState) -> Code2WavWork:
+        """A turn's work, holding a stream slot until it is released (raises when every slot is taken)."""
+        return Code2WavWork(turn, self.streams.open(), self.streams.close)
+
+    def run(self, works: list[Code2WavWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
+        first = [w for w in works if w.turn.frames_out and w.pushed == 0]
+        later = [w for w in works if w.turn.frames_out and w.pushed > 0]
+        for group, runner in ((first, self.first), (later, self.later)):
+            if group:
+                self._decode(group, runner)
+        for w in works:
+            t = w.turn
+            if t.talker_done and not t.frames_out:
+                t.audio_done = True  # the stream's last `holdback` samples would need a frame after the end
+            t.maybe_finish()
+
+    def _decode(self, group: list[Code2WavWork], runner: GraphRunner) -> None:
+        codes = torch.stack([w.turn.frames_out.pop(0) for w in group])
+        out = runner(len(group), {"slot": np.asarray([w.slot for w in group]), "codes": codes})
+        pcm = out["pcm"].float().cpu().numpy()
+        for i, w in enumerate(group):
+            w.pushed += 1
+            w.turn.on_audio(AudioChunk(w.turn.turn_id, pcm[i], w.pushed))
