@@ -23,7 +23,7 @@ import torch
 from models.qwen3_omni.program import PipelineConfig, build_pipeline
 from pipelines.types import AudioChunk, GenerationOptions, Message, Turn, TurnDone, TurnError, new_id
 
-VICTIM, BYSTANDER = "victim", "bystander"
+VICTIM, BYSTANDER, MATE = "victim", "bystander", "mate"  # MATE: a turn that runs as long as the victim's
 OPTS = GenerationOptions(greedy=True, max_text_tokens=8, max_frames=8)
 STAGES = ("audio_encoder", "thinker", "talker", "code2wav")
 
@@ -41,9 +41,34 @@ def spoken(session: str, seed: int) -> Turn:
     return Turn(session, [Message("user", "", noise(1.0, seed))], OPTS, turn_id=new_id(f"{session}_turn"))
 
 
+def end_replies_early(p) -> None:
+    """Random tiny weights never stop on their own, so no reply would end "completed". Make the bystander's
+    reply end by itself: its thinker writes <|im_end|> where it would have written its third token, and its
+    talker writes codec eos where it would have chosen its fourth frame's code. Each end id's output row
+    becomes 1.001 x the row it replaces, so it wins exactly where that one would have (or on a near-tie)."""
+    model, cfg = p.program.model, p.program.model.cfg
+
+    def probe() -> TurnDone:
+        done = p.run(spoken(BYSTANDER, 1), 120)[-1]
+        p.end_session(BYSTANDER)
+        assert isinstance(done, TurnDone) and done.status == "length", done
+        return done
+
+    def copy_row(weight: torch.Tensor, to: int, src: int) -> None:
+        def edit() -> None:
+            with torch.inference_mode():
+                weight[to] = 1.001 * weight[src]
+
+        p.request(edit).result(30)
+
+    copy_row(model.thinker.lm_head.weight, cfg.im_end_token_id, probe().text_ids[2])
+    copy_row(model.talker.codec_head.weight, cfg.talker.codec_eos_id, probe().codes[3][0])
+
+
 @pytest.fixture(scope="module")
 def pipeline():
     with build_pipeline(PipelineConfig()) as p:
+        end_replies_early(p)
         yield p
 
 
@@ -54,7 +79,7 @@ def back_to_zero(pipeline):
     stats = pipeline.stats()
     assert stats["turns_started"] == stats["turns_ended"], stats  # each turn ended exactly once
     assert stats["turns_active"] == 0 and set(stats["works"].values()) == {0}, stats
-    for s in (VICTIM, BYSTANDER):
+    for s in (VICTIM, BYSTANDER, MATE):
         pipeline.end_session(s)
     stats = pipeline.stats()
     assert stats["sessions"] == 0 and set(stats["kv_blocks"].values()) == {0}, stats
@@ -80,10 +105,10 @@ def with_bystander(p, turn: Turn) -> list:
     return events
 
 
-def assert_spoke(events: list) -> None:
+def assert_spoke(events: list, status: tuple[str, ...] = ("completed",)) -> None:
     done = events[-1]
     assert isinstance(done, TurnDone), done
-    assert done.status in ("completed", "length") and len(done.codes) > 0  # "length": tiny random weights
+    assert done.status in status and len(done.codes) > 0, done.status
     assert sum(e.pcm.size for e in events if isinstance(e, AudioChunk)) > 0
 
 
@@ -116,7 +141,7 @@ def test_a_bad_tool_schema_is_refused(pipeline):
 
 def test_a_conversation_of_assistant_items_only_is_answered(pipeline):
     events = with_bystander(pipeline, victim([Message("assistant", "Hello."), Message("assistant", "Still there?")]))
-    assert_spoke(events)
+    assert_spoke(events, ("completed", "length"))
 
 
 def test_a_15mb_text_item_is_refused_in_under_100ms(pipeline):
@@ -150,7 +175,7 @@ def test_text_only_replies_never_sample_outside_the_vocabulary(pipeline, monkeyp
         return out
 
     monkeypatch.setattr(thinker, "logits", favour_unknown_ids)
-    opts = GenerationOptions(audio=False, max_text_tokens=20)
+    opts = GenerationOptions(audio=False, max_text_tokens=20, ignore_eos=True)
     events = with_bystander(pipeline, victim([Message("user", "Tell me a story.")], opts))
     done = events[-1]
     assert isinstance(done, TurnDone) and done.status == "length" and len(done.text_ids) == 20
@@ -246,7 +271,7 @@ def test_a_step_that_raises_fails_only_its_batch(pipeline, monkeypatch, stage):
         assert isinstance(others[-1], TurnError) and others[-1].code == "internal_error"
     else:
         assert_spoke(others)
-    assert_spoke(pipeline.run(spoken(BYSTANDER, 4), 120))  # the engine goes on
+    assert_spoke(pipeline.run(spoken(BYSTANDER, 4), 120), ("completed", "length"))  # the engine goes on
     assert pipeline.alive
 
 
@@ -255,7 +280,9 @@ def test_a_step_that_raises_fails_only_its_batch(pipeline, monkeypatch, stage):
 def test_a_nan_row_ends_that_turn_alone(pipeline, monkeypatch, stage, model, method):
     p = pipeline.program
     fired = poison_rows(monkeypatch, p.by_name[stage], getattr(p.model, model), method)
-    events = with_bystander(pipeline, spoken(VICTIM, 3))
+    events, mate, bystander = together(pipeline, spoken(VICTIM, 3), spoken(MATE, 4), spoken(BYSTANDER, 1))
     assert fired and fired[0] >= 2, "the victim never shared a batch"
     assert isinstance(events[-1], TurnError) and events[-1].code == "internal_error"
     assert "not a number" in events[-1].message
+    assert_spoke(mate, ("length",))  # its batch-mate carries on to its limits
+    assert_spoke(bystander)

@@ -165,7 +165,7 @@ class Qwen3OmniProgram:
         for stage, work in works:
             stage.add(work)
 
-    def _check_size(self, session: Session, turn: Turn) -> None:
+    def _check_input(self, session: Session, turn: Turn) -> None:
         """Refuse text that is not Unicode, or a prompt that cannot fit, in time bounded by the limit."""
         if not turn.messages:
             raise ValueError("a turn needs at least one message")
@@ -191,7 +191,7 @@ class Qwen3OmniProgram:
                 raise ValueError("audio holds NaN or infinite samples")
 
     def _prepare(self, session: Session, turn: Turn, emit: Emit) -> tuple[TurnState, list[tuple[Stage, Work]]]:
-        self._check_size(session, turn)
+        self._check_input(session, turn)
         opts = turn.options
         self.model.cfg.talker.speaker_id(opts.speaker)  # unknown speakers fail here, before any work
         features, turns = [], []
