@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from models.qwen3_omni.program import PipelineConfig, build_pipeline
-from pipelines.types import AudioChunk, GenerationOptions, Message, Turn, TurnDone, TurnError, new_id
+from pipelines.types import AudioChunk, GenerationOptions, Message, ToolCall, Turn, TurnDone, TurnError, new_id
 
 VICTIM, BYSTANDER, MATE = "victim", "bystander", "mate"  # MATE: a turn that runs as long as the victim's
 OPTS = GenerationOptions(greedy=True, max_text_tokens=8, max_frames=8)
@@ -37,8 +37,8 @@ def victim(messages: list[Message], opts: GenerationOptions = OPTS) -> Turn:
     return Turn(VICTIM, messages, opts, turn_id=new_id(f"{VICTIM}_turn"))
 
 
-def spoken(session: str, seed: int) -> Turn:
-    return Turn(session, [Message("user", "", noise(1.0, seed))], OPTS, turn_id=new_id(f"{session}_turn"))
+def spoken(session: str, seed: int, opts: GenerationOptions = OPTS) -> Turn:
+    return Turn(session, [Message("user", "", noise(1.0, seed))], opts, turn_id=new_id(f"{session}_turn"))
 
 
 def end_replies_early(p) -> None:
@@ -124,19 +124,25 @@ def assert_refused(events: list, code: str) -> TurnError:
     ([Message("system", "Be brief.")], "invalid_request"),  # nothing to answer
     ([Message("system", "Be brief \ud800."), Message("user", "hi")], "invalid_request"),  # lone surrogate
     ([Message("user", "hi \ud800")], "invalid_request"),
+    ([Message("assistant", "", tool_calls=(ToolCall("f", '{"a": "\ud800"}'),)), Message("user", "hi")],
+     "invalid_request"),
     ([Message("user", "x" * 15_000_000)], "context_too_long"),
     ([Message("user", "", torch.full((16000,), float("nan")))], "invalid_request"),
     ([Message("user", "", torch.full((16000,), torch.inf))], "invalid_request"),
-], ids=["system-only", "surrogate-in-instructions", "surrogate-in-text", "15MB-text", "nan-audio", "inf-audio"])
+], ids=["system-only", "surrogate-in-instructions", "surrogate-in-text", "surrogate-in-tool-call", "15MB-text",
+        "nan-audio", "inf-audio"])
 def test_bad_input_is_refused_at_submission(pipeline, messages, code):
     assert_refused(with_bystander(pipeline, victim(messages)), code)
 
 
-def test_a_bad_tool_schema_is_refused(pipeline):
-    opts = GenerationOptions(tools=({"type": "function", "name": "a", "function": {}},),
-                             tool_choice={"type": "function", "name": "a"})
-    error = assert_refused(with_bystander(pipeline, victim([Message("user", "hi")], opts)), "invalid_request")
-    assert "name" in error.message
+@pytest.mark.parametrize("tool, choice", [
+    ({"type": "function", "name": "a", "function": {}}, {"type": "function", "name": "a"}),  # KeyError once
+    ({"type": "function", "name": "a\ud800"}, "auto"),
+    ({"type": "function", "name": "a"}, {"type": "function", "name": "a\ud800"}),
+], ids=["nameless-function", "surrogate-in-name", "surrogate-in-choice"])
+def test_a_bad_tool_schema_is_refused(pipeline, tool, choice):
+    opts = GenerationOptions(tools=(tool,), tool_choice=choice)
+    assert_refused(with_bystander(pipeline, victim([Message("user", "hi")], opts)), "invalid_request")
 
 
 def test_a_conversation_of_assistant_items_only_is_answered(pipeline):
@@ -280,7 +286,9 @@ def test_a_step_that_raises_fails_only_its_batch(pipeline, monkeypatch, stage):
 def test_a_nan_row_ends_that_turn_alone(pipeline, monkeypatch, stage, model, method):
     p = pipeline.program
     fired = poison_rows(monkeypatch, p.by_name[stage], getattr(p.model, model), method)
-    events, mate, bystander = together(pipeline, spoken(VICTIM, 3), spoken(MATE, 4), spoken(BYSTANDER, 1))
+    long = GenerationOptions(greedy=True, max_text_tokens=8, max_frames=8, ignore_eos=True)  # they overlap
+    events, mate, bystander = together(pipeline, spoken(VICTIM, 3, long), spoken(MATE, 4, long),
+                                       spoken(BYSTANDER, 1))
     assert fired and fired[0] >= 2, "the victim never shared a batch"
     assert isinstance(events[-1], TurnError) and events[-1].code == "internal_error"
     assert "not a number" in events[-1].message

@@ -162,8 +162,12 @@ class Qwen3OmniProgram:
         session.turn = state
         self.turns[turn.turn_id] = (state, works)
         state.on_close = lambda: self._close(turn.turn_id)
-        for stage, work in works:
-            stage.add(work)
+        try:
+            for stage, work in works:
+                stage.add(work)
+        except Exception as e:
+            log.exception("registering turn %s failed", turn.turn_id)
+            state.fail("internal_error", f"{type(e).__name__}: {e}")
 
     def _check_input(self, session: Session, turn: Turn) -> None:
         """Refuse text that is not Unicode, or a prompt that cannot fit, in time bounded by the limit."""
@@ -172,7 +176,9 @@ class Qwen3OmniProgram:
         if not session.ids and all(m.role == "system" for m in turn.messages):
             raise ValueError("nothing to answer: the conversation has no user, assistant or tool message")
         limit = BYTES_PER_TOKEN * self.max_context
-        texts = [m.text for m in turn.messages] + [json.dumps(turn.options.tools, ensure_ascii=False)]
+        calls = [c.name + c.arguments for m in turn.messages for c in m.tool_calls]
+        choice = turn.options.tool_choice
+        texts = [m.text for m in turn.messages] + calls + [json.dumps([turn.options.tools, choice], ensure_ascii=False)]
         if sum(map(len, texts)) > limit:  # characters <= UTF-8 bytes: no need to encode a huge text
             raise ContextTooLong(f"the prompt's text is over {limit} bytes")
         try:
