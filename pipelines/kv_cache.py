@@ -140,6 +140,7 @@ class BatchKV:
         read = torch.zeros(len(rows), total, dtype=torch.long)
         for r, ((s, n), p) in enumerate(zip(rows, past, strict=True)):
             read[r, : p + n] = cache.slots(s, 0, p + n)
+            read[r, p + n :] = read[r, 0]  # padding reads the row's own slot: another row's NaN never leaks in
         self.read_slots = read.to(dev)
         kpos = torch.arange(total)[None, None, :]
         query_at = torch.tensor(past)[:, None, None] + qpos[None, :, None]

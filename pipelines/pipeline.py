@@ -41,6 +41,10 @@ class Program(Protocol):
 
     def end_session(self, session_id: str) -> None: ...
 
+    def counters(self) -> dict:
+        """Plain numbers (turns started/ended, KV blocks and live works per stage) for tests and /metrics."""
+        ...
+
     def truncate_reply(self, session_id: str, turn_id: str, audio_end_ms: int) -> tuple[str, bool]:
         """Cut a reply to its first `audio_end_ms` of audio: (heard text, whether the cache rolled back)."""
         ...
@@ -137,6 +141,10 @@ class Pipeline:
 
         self.call(run)
         return future
+
+    def stats(self, timeout_s: float = 30.0) -> dict:
+        """The program's counters, read on the engine thread between steps."""
+        return self.request(self.program.counters).result(timeout_s)
 
     def abort(self, turn_id: str) -> None:
         self.call(lambda: self.program.abort_turn(turn_id))

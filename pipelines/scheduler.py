@@ -13,11 +13,13 @@ is already behind is not helped by starving new turns. Decodes run most urgent f
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Protocol
 
 from .kv_cache import OutOfBlocks, PagedKVCache
 
+log = logging.getLogger(__name__)
 URGENT_S = 0.25  # a stream with less audio buffered than this is served before new prefills
 
 
@@ -63,8 +65,8 @@ class Scheduler:
             self.kv.release(work.key)
 
     def schedule(self) -> Batch | None:
-        ready = [(w, w.pending()) for w in self.works]
-        ready = [(w, n) for w, n in ready if n > 0]
+        ready = [(w, n) for w in list(self.works) if (n := self._pending(w)) > 0]
+        ready = [(w, n) for w, n in ready if w in self.works]  # a failed turn's other works left just now
         if not ready:
             return None
         decodes = sorted(((w, n) for w, n in ready if n == 1 and self._cached(w)), key=lambda x: x[0].urgency())
@@ -77,6 +79,16 @@ class Scheduler:
         if decodes:
             return self._admit_decodes(decodes)
         return None
+
+    def _pending(self, w: Work) -> int:
+        """w.pending(); a work that raises there fails alone (its turn ends) and leaves the scheduler."""
+        try:
+            return w.pending()
+        except Exception as e:
+            log.exception("work %s failed", w.key)
+            w.fail("internal_error", f"{w.key}: {type(e).__name__}: {e}")
+            self.remove(w)
+            return 0
 
     def _cached(self, w: Work) -> bool:
         return self.kv is None or self.kv.length(w.key) > 0

@@ -36,6 +36,18 @@ def pipeline():
         yield p
 
 
+@pytest.fixture(autouse=True)
+def back_to_zero(request):
+    """After each test on the shared pipeline: every turn ended once, and nothing is left behind."""
+    yield
+    if "pipeline" in request.fixturenames:
+        p = request.getfixturevalue("pipeline")
+        p.sync()
+        stats = p.stats()
+        assert stats["turns_started"] == stats["turns_ended"] and stats["turns_active"] == stats["sessions"] == 0
+        assert set(stats["works"].values()) == set(stats["kv_blocks"].values()) == {0}, stats
+
+
 def blocks_in_use(p) -> dict[str, int]:
     p.sync()
     return p.program.kv_check()

@@ -112,8 +112,7 @@ def test_special_tokens_in_text_and_skipping(tok: Tokenizer) -> None:
     assert ids[-2:] == [151645, 151675]
     assert tok.decode(ids) == "<|im_start|>assistant\n<think>x</think>hi 👋<|im_end|><|audio_pad|>"
     assert tok.decode(ids, skip_special=True) == "assistant\n<think>x</think>hi 👋"
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        tok.decode([tok.vocab_size])
+    assert tok.decode([tok.vocab_size, -1, 10**9]) == "\ufffd" * 3  # model output never fails to decode
 
 
 def test_stream_decoder_holds_back_partial_characters(tok: Tokenizer) -> None:

@@ -176,6 +176,9 @@ def test_realtime_tool_converted_to_chat_completions_form() -> None:
         qwen_tool({"type": "mcp", "server_label": "x"})
     with pytest.raises(ValueError, match="name"):
         qwen_tool({"type": "function", "parameters": {}})
+    for nameless in ({}, {"name": ""}, {"name": 3}):  # the Chat Completions form is checked too
+        with pytest.raises(ValueError, match="name"):
+            qwen_tool({"type": "function", "name": "a", "function": nameless})
 
 
 def test_tool_choice() -> None:

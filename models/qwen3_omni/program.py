@@ -19,7 +19,7 @@ from pipelines.kv_cache import KVLayout
 from pipelines.pipeline import Emit, Pipeline
 from pipelines.sampling import SamplingParams
 from pipelines.stage import Stage, StageConfig
-from pipelines.types import Message, Turn, TurnError
+from pipelines.types import Event, Message, Turn, TurnDone, TurnError
 
 from . import chat
 from .audio_features import audio_token_count, log_mel
@@ -43,6 +43,11 @@ from .tools import assistant_text, merge_tool_results, tool_response_text, with_
 
 log = logging.getLogger(__name__)
 STAGE_NAMES = ("audio_encoder", "thinker", "talker", "code2wav")  # pipeline order, also the run order
+BYTES_PER_TOKEN = 4  # prompt text beyond 4 bytes per token of context is refused before tokenizing
+
+
+class ContextTooLong(ValueError):
+    pass
 
 
 def default_stages(device: str) -> tuple[StageConfig, ...]:
@@ -107,7 +112,7 @@ class Qwen3OmniProgram:
         args = (model, self.device, self.dtype)
         with torch.inference_mode():
             self.steps = {
-                "audio_encoder": EncoderStep(*args), "thinker": ThinkerStep(*args),
+                "audio_encoder": EncoderStep(*args), "thinker": ThinkerStep(*args, tokenizer.vocab_size),
                 "talker": TalkerStep(*args), "code2wav": Code2WavStep(*args),
             }
         layouts = {
@@ -125,27 +130,74 @@ class Qwen3OmniProgram:
         self.stages = [self.by_name[n] for n in STAGE_NAMES]
         self.sessions: dict[str, Session] = {}
         self.turns: dict[str, tuple[TurnState, list[tuple[Stage, Work]]]] = {}
+        thinker = cfg.stage("thinker")
+        self.max_context = thinker.kv_blocks * thinker.block_size  # tokens one conversation can ever hold
+        self.started = self.ended = 0
 
     def start_turn(self, turn: Turn, emit: Emit) -> None:
-        session = self.sessions.setdefault(turn.session_id, Session(turn.session_id))
+        """Register a turn's works, or refuse it (TurnError) before any work exists. Every turn started
+        here ends with exactly one TurnDone or TurnError (`counters` counts both)."""
+        self.started += 1
+
+        def counted(event: Event) -> None:
+            if isinstance(event, TurnDone | TurnError):
+                self.ended += 1
+            emit(event)
+
+        session = self.sessions.get(turn.session_id) or Session(turn.session_id)
         if session.turn is not None:
-            emit(TurnError(turn.turn_id, "session_busy", f"session {turn.session_id} already has an active turn"))
+            counted(TurnError(turn.turn_id, "session_busy", f"session {turn.session_id} already has an active turn"))
             return
         try:
             with torch.inference_mode():
-                state, works = self._prepare(session, turn, emit)
+                state, works = self._prepare(session, turn, counted)
+        except ContextTooLong as e:
+            return counted(TurnError(turn.turn_id, "context_too_long", str(e)))
         except (ValueError, ConfigError) as e:
-            emit(TurnError(turn.turn_id, "invalid_request", str(e)))
-            return
+            return counted(TurnError(turn.turn_id, "invalid_request", str(e)))
+        except Exception as e:  # a bug in preparing one turn fails that turn alone
+            log.exception("preparing turn %s failed", turn.turn_id)
+            return counted(TurnError(turn.turn_id, "internal_error", f"{type(e).__name__}: {e}"))
+        self.sessions[turn.session_id] = session
         session.turn = state
         self.turns[turn.turn_id] = (state, works)
         state.on_close = lambda: self._close(turn.turn_id)
-        for stage, work in works:
-            stage.add(work)
+        try:
+            for stage, work in works:
+                stage.add(work)
+        except Exception as e:
+            log.exception("registering turn %s failed", turn.turn_id)
+            state.fail("internal_error", f"{type(e).__name__}: {e}")
 
-    def _prepare(self, session: Session, turn: Turn, emit: Emit) -> tuple[TurnState, list[tuple[Stage, Work]]]:
+    def _check_input(self, session: Session, turn: Turn) -> None:
+        """Refuse text that is not Unicode, or a prompt that cannot fit, in time bounded by the limit."""
         if not turn.messages:
             raise ValueError("a turn needs at least one message")
+        if not session.ids and all(m.role == "system" for m in turn.messages):
+            raise ValueError("nothing to answer: the conversation has no user, assistant or tool message")
+        limit = BYTES_PER_TOKEN * self.max_context
+        calls = [c.name + c.arguments for m in turn.messages for c in m.tool_calls]
+        choice = turn.options.tool_choice
+        texts = [m.text for m in turn.messages] + calls + [json.dumps([turn.options.tools, choice], ensure_ascii=False)]
+        if sum(map(len, texts)) > limit:  # characters <= UTF-8 bytes: no need to encode a huge text
+            raise ContextTooLong(f"the prompt's text is over {limit} bytes")
+        try:
+            size = sum(len(t.encode("utf-8")) for t in texts)
+        except UnicodeEncodeError as e:
+            raise ValueError(f"text is not valid Unicode ({e.reason} at character {e.start})") from None
+        if size > limit:
+            raise ContextTooLong(f"the prompt's text is {size} bytes, over {limit}")
+        window = self.model.cfg.thinker.audio.n_window
+        for m in turn.messages:
+            if m.audio is None:
+                continue
+            if int(audio_token_count(m.audio.numel() // 160 + 1, window)) > self.max_context:
+                raise ContextTooLong(f"{m.audio.numel() / 16000:.0f} s of audio cannot fit in the context")
+            if not bool(torch.isfinite(m.audio).all()):
+                raise ValueError("audio holds NaN or infinite samples")
+
+    def _prepare(self, session: Session, turn: Turn, emit: Emit) -> tuple[TurnState, list[tuple[Stage, Work]]]:
+        self._check_input(session, turn)
         opts = turn.options
         self.model.cfg.talker.speaker_id(opts.speaker)  # unknown speakers fail here, before any work
         features, turns = [], []
@@ -165,6 +217,8 @@ class Qwen3OmniProgram:
         else:
             closing = [] if session.ids[-1] == im_end else [im_end]  # a reply cut short still ends its turn
             prompt = chat.Prompt(tuple(closing)) + chat.render_continuation(self.tokenizer, merge_tool_results(turns))
+        if (total := len(session.ids) + len(prompt)) >= self.max_context:
+            raise ContextTooLong(f"{total} tokens leave no room to reply in a {self.max_context}-token context")
         if opts.thinker is None and self.thinker_sampling is not None and not opts.greedy:
             opts = type(opts)(**{**opts.__dict__, "thinker": self.thinker_sampling})
         state = TurnState(
@@ -176,13 +230,13 @@ class Qwen3OmniProgram:
         s = self.by_name
         if features:
             works.append((s["audio_encoder"], EncoderWork(state)))
-        else:
-            ids = torch.tensor([state.prompt_ids], device=self.device)
-            state.on_prompt_embeds(self.model.thinker.embed(ids)[0])
         works.append((s["thinker"], ThinkerWork(state, s["thinker"].kv)))
         if opts.audio:
             works.append((s["talker"], TalkerWork(state, s["talker"].kv, self.steps["talker"].prompt)))
             works.append((s["code2wav"], Code2WavWork(state, Code2WavStream(self.model.code2wav))))
+        if not features:  # last: the session changes only once nothing else can fail
+            ids = torch.tensor([state.prompt_ids], device=self.device)
+            state.on_prompt_embeds(self.model.thinker.embed(ids)[0])
         return state, works
 
     @staticmethod
@@ -232,6 +286,16 @@ class Qwen3OmniProgram:
         _, works = self.turns.pop(turn_id, (None, []))
         for stage, work in works:
             stage.remove(work)
+
+    def counters(self) -> dict:
+        """Turns started and ended (each ends once), live turns and sessions, KV blocks in use and live
+        works per stage: what tests check returns to zero, and what /metrics can show."""
+        return {
+            "turns_started": self.started, "turns_ended": self.ended, "turns_active": len(self.turns),
+            "sessions": len(self.sessions),
+            "kv_blocks": {s.name: s.kv.layout.num_blocks - s.kv.num_free for s in self.stages if s.kv is not None},
+            "works": {s.name: len(s.scheduler.works) for s in self.stages},
+        }
 
     def kv_check(self) -> dict[str, int]:
         """Integrity check of every KV cache; returns blocks in use per stage."""

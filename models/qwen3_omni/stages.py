@@ -135,9 +135,18 @@ class EncoderStep:
             t.on_prompt_embeds(thinker.embed_prompt(ids, audio)[0])
 
 
+def nan_rows(logits: torch.Tensor) -> torch.Tensor:
+    """[B] bool: rows whose logits hold a NaN (that row's turn ends; the rest of the batch goes on)."""
+    return logits.isnan().any(dim=-1)
+
+
+NAN_MESSAGE = "the model's output is not a number"
+
+
 class ThinkerStep:
-    def __init__(self, model: Qwen3Omni, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, model: Qwen3Omni, device: torch.device, dtype: torch.dtype, vocab: int) -> None:
         self.model, self.device, self.dtype = model, device, dtype
+        self.vocab = vocab  # the tokenizer's size: wider lm_head rows are never sampled
         cfg = model.cfg
         self.capture = cfg.talker.accept_hidden_layer
         ids = torch.tensor(tts_token_ids(cfg), device=device)
@@ -150,13 +159,17 @@ class ThinkerStep:
         hidden, captured = thinker(x, kv.positions, kv, capture_layer=self.capture)
         for i, w in enumerate(works):  # every turn's user rows: a later turn may speak
             self._talker_user_rows(w, pasts[i], lengths[i], x[i], captured[i])
-        logits = thinker.logits(last_rows(hidden, lengths))
+        logits = thinker.logits(last_rows(hidden, lengths))[:, : self.vocab]
         params = [w.turn.options.thinker or GREEDY for w in works]
         steps = torch.tensor([len(w.turn.reply_ids) for w in works], device=self.device)
         ids = Sampler(params, self.device)(logits, steps, suppress=self._no_eos(works, logits.shape[-1]))
         embeds = thinker.embed(ids)
         projected = talker.project_text(embeds) if any(w.turn.speaking for w in works) else None
+        ids = torch.where(nan_rows(logits), -1, ids)
         for i, (w, token) in enumerate(zip(works, ids.tolist(), strict=True)):
+            if token < 0:
+                w.fail("internal_error", f"thinker: {NAN_MESSAGE}")
+                continue
             w.turn.on_token(token, embeds[i], None if projected is None else projected[i])
 
     def _no_eos(self, works: list[ThinkerWork], vocab: int) -> torch.Tensor | None:
@@ -199,7 +212,8 @@ class TalkerStep:
         cfg = self.model.cfg
         speaker = cfg.talker.speaker_id(turn.options.speaker)
         prefix = assistant_prefix(self.model.talker, cfg, turn.head_embeds, turn.tts, speaker)
-        return torch.cat((turn.session.talker_users.all(), prefix))
+        users = turn.session.talker_users
+        return torch.cat((users.all(), prefix)) if users.n else prefix  # a conversation may have no user turn
 
     def run(self, works: list[TalkerWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
         talker = self.model.talker
@@ -215,10 +229,15 @@ class TalkerStep:
         if any(o.ignore_eos for o in opts):
             suppress = suppress.expand(len(works), -1).clone()
             suppress[torch.tensor([o.ignore_eos for o in opts], device=self.device), self.eos] = True
-        code0 = Sampler(talker_params, self.device)(talker.codec_logits(last), frames, seen, suppress)
+        logits = talker.codec_logits(last)
+        code0 = Sampler(talker_params, self.device)(logits, frames, seen, suppress)
         predictor = Sampler([GREEDY if o.greedy else o.predictor for o in opts], self.device)
         frame = talker.next_frame(last, code0, lambda logits, step: predictor(logits, frames * 16 + step))
-        for i, (w, codes) in enumerate(zip(works, frame.codes.tolist(), strict=True)):
+        rows = torch.cat((frame.codes, nan_rows(logits)[:, None].to(frame.codes.dtype)), dim=1)  # one host sync
+        for i, (w, (*codes, bad)) in enumerate(zip(works, rows.tolist(), strict=True)):
+            if bad:
+                w.fail("internal_error", f"talker: {NAN_MESSAGE}")
+                continue
             if w.seen is None:
                 w.seen = self.suppress.new_zeros(vocab)
             w.seen[codes[0]] = True

@@ -32,6 +32,7 @@ FIRST_SPECIAL_ID = 151643
 TEXT_LIKE_TOKENS = frozenset(SPECIAL_TOKENS[14:26])
 _ADDED_FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
 _BUILD_VERSION = 1
+REPLACEMENT = "\ufffd".encode()
 
 
 def _byte_chars() -> list[str]:
@@ -246,9 +247,9 @@ class Tokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         data = self._bytes.get(token_id)
         if data is None:
-            token = self.backend.id_to_token(token_id)
-            if token is None:
-                raise ValueError(f"token id {token_id} is outside the vocabulary")
+            token = self.backend.id_to_token(token_id) if token_id >= 0 else None
+            if token is None:  # decoding a model's output never raises: an unknown id reads as U+FFFD
+                return REPLACEMENT
             data = token.encode() if token_id in self._added else token_to_bytes(token)
             self._bytes[token_id] = data
         return data

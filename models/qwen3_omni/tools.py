@@ -53,10 +53,11 @@ def qwen_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
     "parameters"}}. Absent keys stay absent; a tool already in that form passes through unchanged."""
     if tool.get("type") != "function":
         raise ValueError(f"only function tools are supported, got type {tool.get('type')!r}")
-    if isinstance(tool.get("function"), Mapping):
-        return {"type": "function", "function": dict(tool["function"])}
-    if not isinstance(tool.get("name"), str) or not tool["name"]:
+    fields = tool["function"] if isinstance(tool.get("function"), Mapping) else tool
+    if not isinstance(fields.get("name"), str) or not fields["name"]:
         raise ValueError(f"a function tool needs a non-empty name, got {tool!r}")
+    if fields is not tool:
+        return {"type": "function", "function": dict(fields)}
     fields = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
     return {"type": "function", "function": fields}
 
