@@ -46,20 +46,36 @@ def timed(fn, reps: int) -> float:
 
 
 def filled_cache(text_cfg, rows: int, context: int, dtype: torch.dtype, device: str) -> tuple[PagedKVCache, int]:
-    blocks = rows * (-(-(context + 1) // 16)) + 1
+    blocks = rows * (-(-(context + 1) // 16))
     cache = PagedKVCache(KVLayout(text_cfg.num_hidden_layers, text_cfg.num_key_value_heads, text_cfg.head_dim,
                                   blocks, 16, dtype, device))
     for pool in (cache.k, cache.v):
         pool.normal_(0, 1)
-    cache.reserve("scratch", 1)
     for i in range(rows):
         cache.reserve(f"s{i}", context + 1)
         cache.commit(f"s{i}", context)
-    return cache, cache.seqs["scratch"].blocks[0] * 16
+    return cache, cache.scratch_slot
+
+
+def profile(step, views: dict, path: Path) -> None:
+    """Kernel count and GPU time by kernel of one eager step (graph replay runs the same kernels)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    step(views)
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step(views)
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total_us = sum(e.device_time for e in events)
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=70)
+    path.write_text(f"kernels {len(events)}, GPU time {total_us / 1e3:.2f} ms\n{table}\n")
+    print(path.name, f"kernels {len(events)}, GPU time {total_us / 1e3:.2f} ms", file=sys.stderr, flush=True)
 
 
 def bench_stage(name: str, step, runner: GraphRunner, cache: PagedKVCache, width: int, batches: list[int],
-                extra, reps: int, reset) -> dict:
+                extra, reps: int, reset, profile_dir: str | None = None) -> dict:
     out = {}
     for n in batches:
         keys = [f"s{i}" for i in range(n)]
@@ -85,6 +101,8 @@ def bench_stage(name: str, step, runner: GraphRunner, cache: PagedKVCache, width
             runner(n, rows)
         torch.cuda.synchronize()
         call_ms = (time.perf_counter() - t1) * 1e3 / 20
+        if profile_dir and n == batches[0]:
+            profile(step, runner.views(b), Path(profile_dir) / f"profile_{name}_B{n}.txt")
         out[f"B{n}"] = {"eager_ms": round(timed(lambda b=b: step(runner.views(b)), max(3, reps // 5)), 2),
                         "graph_ms": round(timed(graph.replay, reps), 3), "call_ms": round(call_ms, 3),
                         "prepare_host_ms": round(prep_ms, 3), "bucket": b, "ids_equal": exact, "rel_err": rel}
@@ -99,6 +117,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1024, help="cached tokens per row (thinker); the talker gets 1/4")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--out")
+    ap.add_argument("--profile-dir", help="write an eager kernel profile of the first batch size here")
     args = ap.parse_args()
     dev, dtype = "cuda", torch.bfloat16
     torch.manual_seed(0)
@@ -114,7 +133,7 @@ def main() -> None:
         cache, scratch = filled_cache(cfg.thinker.text, top, args.context, dtype, dev)
         width = -(-(args.context + 64) // 16)
         vocab = cfg.thinker.text.vocab_size
-        step = ThinkerDecode(model, cache, torch.zeros(vocab, dtype=torch.bool, device=dev))
+        step = ThinkerDecode(model, cache, vocab)
         runner = GraphRunner("thinker", step, step.inputs(dtype, width, scratch), dev, buckets, graphs=True)
         runner.capture()
         res["thinker_capture_s"] = round(runner.capture_s, 2)
@@ -124,7 +143,7 @@ def main() -> None:
             return {"x": torch.randn(n, 1, h, device=dev, dtype=dtype), "step": [0] * n, "no_eos": [True] * n,
                     **sampling_rows("s", [greedy] * n)}
         res["thinker"] = bench_stage("thinker", step, runner, cache, width, batches, thinker_rows, args.reps,
-                                     lambda: None)
+                                     lambda: None, args.profile_dir)
         del cache, runner, step
         torch.cuda.empty_cache()
         # talker
@@ -147,7 +166,7 @@ def main() -> None:
                     "no_eos": [True] * n, **sampling_rows("t", [greedy] * n),
                     **sampling_rows("p", [SamplingParams(greedy=True)] * n)}
         res["talker_frame"] = bench_stage("talker", step, runner, cache, width, batches, talker_rows, args.reps,
-                                          seen.zero_)
+                                          seen.zero_, args.profile_dir)
     res["max_memory_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
     line = json.dumps(res)
     print(line)

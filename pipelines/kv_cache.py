@@ -49,7 +49,9 @@ class SeqBlocks:
 class PagedKVCache:
     def __init__(self, layout: KVLayout) -> None:
         self.layout = layout
-        shape = (layout.num_layers, layout.num_blocks * layout.block_size, layout.kv_heads, layout.head_dim)
+        # one block more than the layout's: the scratch block, owned by no sequence, where padding rows write
+        self.scratch_slot = layout.num_blocks * layout.block_size
+        shape = (layout.num_layers, self.scratch_slot + layout.block_size, layout.kv_heads, layout.head_dim)
         self.k = torch.zeros(shape, dtype=layout.dtype, device=layout.device)
         self.v = torch.zeros(shape, dtype=layout.dtype, device=layout.device)
         self.free: list[int] = list(range(layout.num_blocks - 1, -1, -1))

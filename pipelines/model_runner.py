@@ -1,8 +1,9 @@
 """ModelRunner: runs one scheduled batch of a stage through its model on the stage's device.
 
 The model-specific part (what goes in, what comes out) is the stage's `StepModel`, written beside the
-model (models/<name>/stages.py). The runner owns how the forward runs: inference mode, the paged KV
-view for exactly these rows, committing the cached lengths afterwards, and timing.
+model (models/<name>/stages.py). The runner owns how the forward runs: inference mode, the fixed-shape
+decode path when the model has one (its static buffers and CUDA graphs are pipelines.graphs'), else
+the paged KV view for exactly these rows; committing the cached lengths afterwards; and timing.
 """
 
 from __future__ import annotations
@@ -18,7 +19,19 @@ from .scheduler import Batch, Work
 
 class StepModel(Protocol):
     def run(self, works: list[Work], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
-        """Feed each work's next `lengths[i]` pending inputs, sample, and hand results on."""
+        """Feed each work's next `lengths[i]` pending inputs, sample, and hand results on (any shapes)."""
+        ...
+
+
+class DecodeModel(StepModel, Protocol):
+    """A StepModel with a fixed-shape step for one new input per row (captured as CUDA graphs)."""
+
+    def decode(self, works: list[Work]) -> bool:
+        """Run the batch through the fixed-shape step; False (nothing done) when it cannot take it."""
+        ...
+
+    def capture(self, pool: object | None) -> object | None:
+        """Capture the fixed-shape steps (when graphs are on), sharing the memory pool `pool`."""
         ...
 
 
@@ -30,14 +43,26 @@ class ModelRunner:
         self.device = torch.device(device)
         self.steps = 0
         self.busy_s = 0.0
+        self.graph_steps = 0  # steps that ran the fixed-shape path
+
+    def capture(self, pool: object | None) -> object | None:
+        capture = getattr(self.model, "capture", None)
+        if capture is None:
+            return pool
+        with torch.inference_mode():
+            return capture(pool)
 
     def run(self, batch: Batch) -> None:
         start = time.perf_counter()
         with torch.inference_mode(), torch.profiler.record_function(self.name):
-            view = None
-            if self.kv is not None:
-                view = self.kv.batch([(w.key, n) for w, n in zip(batch.works, batch.lengths, strict=True)])
-            self.model.run(batch.works, batch.lengths, view, batch.prefill)
+            decode = getattr(self.model, "decode", None)
+            if not batch.prefill and decode is not None and decode(batch.works):
+                self.graph_steps += 1
+            else:
+                view = None
+                if self.kv is not None:
+                    view = self.kv.batch([(w.key, n) for w, n in zip(batch.works, batch.lengths, strict=True)])
+                self.model.run(batch.works, batch.lengths, view, batch.prefill)
             if self.kv is not None:
                 for w, n in zip(batch.works, batch.lengths, strict=True):
                     if self.kv.has(w.key):

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .kv_cache import KVLayout, PagedKVCache
+from .graphs import BUCKETS
+from .kv_cache import PagedKVCache
 from .model_runner import ModelRunner, StepModel
 from .scheduler import Scheduler, Work
 
@@ -21,16 +22,29 @@ class StageConfig:
     max_prefill_tokens: int = 8192
     kv_blocks: int = 0
     block_size: int = 16
+    graphs: bool = False  # capture fixed-shape steps as CUDA graphs (CUDA only; eager otherwise)
+    graph_context: int = 8192  # tokens a decode row may hold to run the fixed-shape step (longer: eager)
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_prefill_tokens < 1 or self.kv_blocks < 0 or self.block_size < 1:
             raise ValueError(f"stage {self.name}: capacities must be positive")
+        if self.graph_context < 1:
+            raise ValueError(f"stage {self.name}: graph_context must be positive")
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        """Batch sizes a fixed-shape step is built for: the standard buckets up to max_batch."""
+        return tuple(b for b in BUCKETS if b < self.max_batch) + (self.max_batch,)
+
+    @property
+    def graph_blocks(self) -> int:
+        return -(-self.graph_context // self.block_size)
 
 
 class Stage:
-    def __init__(self, cfg: StageConfig, model: StepModel, kv_layout: KVLayout | None) -> None:
+    def __init__(self, cfg: StageConfig, model: StepModel, kv: PagedKVCache | None) -> None:
         self.cfg = cfg
-        self.kv = PagedKVCache(kv_layout) if kv_layout is not None else None
+        self.kv = kv
         self.scheduler = Scheduler(self.kv, cfg.max_batch, cfg.max_prefill_tokens)
         self.runner = ModelRunner(model, self.kv, torch.device(cfg.device), cfg.name)
 

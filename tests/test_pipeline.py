@@ -75,7 +75,9 @@ def test_batched_turns_equal_each_alone(pipeline):
     steps = pipeline.program.by_name["talker"].runner.steps
     for (ids_a, codes_a, wav_a), (ids_b, codes_b, wav_b) in zip(alone, batched, strict=True):
         assert ids_a == ids_b and codes_a == codes_b
-        np.testing.assert_allclose(wav_a, wav_b, atol=1e-4)
+        # Code2Wav decodes the sessions in one batch: float32 convs round differently per batch size, and
+        # random weights amplify that (the batched decoder is exact in float64: test_code2wav_batch.py)
+        np.testing.assert_allclose(wav_a, wav_b, atol=5e-3)
     assert steps < 2 * 5 * (OPTS.max_frames + 1)  # the talker really batched the five turns
     for t in turns:
         pipeline.end_session(t.session_id)
@@ -181,7 +183,9 @@ def test_memory_pressure_evicts_and_recomputes_without_changing_answers():
                 after = p.run(turn("m0", 0.3, 18), timeout_s=120)
     for (ids_a, codes_a, wav_a), (ids_b, codes_b, wav_b) in zip(results["roomy"], results["tight"], strict=True):
         assert ids_a == ids_b and codes_a == codes_b
-        np.testing.assert_allclose(wav_a, wav_b, atol=1e-4)
+        # Code2Wav decodes the sessions in one batch: float32 convs round differently per batch size, and
+        # random weights amplify that (the batched decoder is exact in float64: test_code2wav_batch.py)
+        np.testing.assert_allclose(wav_a, wav_b, atol=5e-3)
     assert counts["roomy"] == (0, 0)
     assert counts["tight"][0] > 0 and counts["tight"][1] > 0
     assert isinstance(too_long[-1], TurnError) and too_long[-1].code == "context_too_long"

@@ -27,7 +27,6 @@ def model():
 def prefilled(model, text_cfg, embed, lengths: list[int]) -> tuple[PagedKVCache, int, list[str]]:
     """A paged cache holding real prefills of random inputs, one sequence per length."""
     cache = PagedKVCache(KVLayout(text_cfg.num_hidden_layers, text_cfg.num_key_value_heads, text_cfg.head_dim, 64, 4))
-    cache.reserve("scratch", 1)
     keys = []
     for i, n in enumerate(lengths):
         key = f"s{i}"
@@ -38,7 +37,7 @@ def prefilled(model, text_cfg, embed, lengths: list[int]) -> tuple[PagedKVCache,
         cache.commit(key, n)
         cache.reserve(key, 1)
         keys.append(key)
-    return cache, cache.seqs["scratch"].blocks[0] * 4, keys
+    return cache, cache.scratch_slot, keys
 
 
 def reference_decode(stack, cache: PagedKVCache, keys: list[str], x: torch.Tensor) -> torch.Tensor:
@@ -72,7 +71,7 @@ def test_thinker_decode_equals_the_variable_shape_path_and_padding_changes_nothi
         ref_ids = Sampler([SAMPLED] * len(keys), "cpu")(ref_logits, torch.full((len(keys),), 4))
     for k in keys:  # the reference wrote the new token's K/V; the step writes the same slots again
         assert cache.length(k) == LENGTHS[keys.index(k)]
-    step = ThinkerDecode(model, cache, torch.zeros(text.vocab_size, dtype=torch.bool))
+    step = ThinkerDecode(model, cache, text.vocab_size)
     width = 16
     runner = GraphRunner("thinker", step, step.inputs(torch.float32, width, scratch), "cpu", (1, 2, 8))
 

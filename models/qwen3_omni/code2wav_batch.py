@@ -95,6 +95,10 @@ class Code2WavSlots:
         self._free = list(range(slots - 1, -1, -1))
         self._open: set[int] = set()
 
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
     def open(self) -> int:
         """Take a slot for a new stream."""
         if not self._free:

@@ -8,6 +8,8 @@ samples come back to the host in one copy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -18,21 +20,15 @@ from pipelines.types import AudioChunk
 from .code2wav_batch import Code2WavSlots
 from .conversation import TurnState
 from .model import Qwen3Omni
+from .stages import Work
 
 
-class Code2WavWork:
-    keep_kv = False
-
-    def __init__(self, turn: TurnState, slot: int, release) -> None:  # noqa: ANN001
-        self.turn, self.key, self.slot = turn, f"code2wav:{turn.turn_id}", slot
+class Code2WavWork(Work):
+    def __init__(self, turn: TurnState) -> None:
+        super().__init__(turn, f"code2wav:{turn.turn_id}")
+        self.slot: int | None = None  # the stream's state in the decoder, from its first frame
         self.pushed = 0  # frames decoded so far
-        self._release = release
-
-    def urgency(self) -> float:
-        return self.turn.urgency()
-
-    def fail(self, code: str, message: str) -> None:
-        self.turn.fail(code, message)
+        self.close_slot: Callable[[int], None] = lambda slot: None
 
     def pending(self) -> int:
         t = self.turn
@@ -42,7 +38,7 @@ class Code2WavWork:
 
     def release(self) -> None:
         if self.slot is not None:
-            self._release(self.slot)
+            self.close_slot(self.slot)
             self.slot = None
 
 
@@ -62,11 +58,14 @@ class Code2WavStep:
     def capture(self, pool: object | None) -> object | None:
         return self.first.capture(self.later.capture(pool))
 
-    def work(self, turn: TurnState) -> Code2WavWork:
-        """A turn's work, holding a stream slot until it is released (raises when every slot is taken)."""
-        return Code2WavWork(turn, self.streams.open(), self.streams.close)
-
     def run(self, works: list[Code2WavWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
+        for w in works:
+            if w.slot is None and w.turn.frames_out:
+                if not self.streams.free_slots:
+                    w.fail("server_busy", f"all {self.streams.scratch} Code2Wav streams are in use")
+                    continue
+                w.slot, w.close_slot = self.streams.open(), self.streams.close
+        works = [w for w in works if not w.turn.finished]
         first = [w for w in works if w.turn.frames_out and w.pushed == 0]
         later = [w for w in works if w.turn.frames_out and w.pushed > 0]
         for group, runner in ((first, self.first), (later, self.later)):

@@ -25,12 +25,12 @@ from .model import Qwen3Omni
 
 @dataclass
 class ThinkerDecode:
-    """One thinker token per row. `suppress` [V]: ids never sampled (beyond the vocabulary); `no_eos`
-    rows (benchmarks) never sample im_end either."""
+    """One thinker token per row, sampled among the tokenizer's first `vocab` ids (a checkpoint's lm_head
+    may be wider); `no_eos` rows (benchmarks) never sample im_end. `bad`: rows whose logits hold NaN."""
 
     model: Qwen3Omni
     cache: PagedKVCache
-    suppress: torch.Tensor
+    vocab: int
 
     def inputs(self, dtype: torch.dtype, max_blocks: int, scratch_slot: int) -> dict[str, Input]:
         h = self.model.cfg.thinker.text.hidden_size
@@ -41,11 +41,12 @@ class ThinkerDecode:
         thinker, talker = self.model.thinker, self.model.talker
         kv = DecodeKV(self.cache, b)
         hidden, _ = thinker(b["x"], kv.positions, kv)
-        logits = thinker.logits(hidden[:, -1])
-        suppress = self.suppress[None, :] | (b["no_eos"][:, None] & self._eos(logits.shape[-1], logits.device))
+        logits = thinker.logits(hidden[:, -1])[:, : self.vocab]
+        suppress = b["no_eos"][:, None] & self._eos(logits.shape[-1], logits.device)
         ids = static_sampler(b, "s")(logits, b["step"], suppress=suppress)
         embeds = thinker.embed(ids)
-        return {"ids": ids, "embeds": embeds, "projected": talker.project_text(embeds)}
+        return {"ids": ids, "embeds": embeds, "projected": talker.project_text(embeds),
+                "bad": logits.isnan().any(dim=-1)}
 
     def _eos(self, vocab: int, device: torch.device) -> torch.Tensor:
         return torch.arange(vocab, device=device)[None, :] == self.model.cfg.im_end_token_id
@@ -82,4 +83,4 @@ class TalkerFrame:
         noise = gumbel_noise(predictor.seed, steps, cp.cfg.vocab_size)  # all 15 draws' noise at once
         frame = talker.next_frame(hidden, code0, lambda lg, i: predictor(lg, steps[:, i], gumbel=noise[:, i]))
         self.seen[b["slot"], code0] = torch.ones_like(code0, dtype=torch.bool)  # a device value: capturable
-        return {"codes": frame.codes, "embed_sum": frame.embed_sum}
+        return {"codes": frame.codes, "embed_sum": frame.embed_sum, "bad": logits.isnan().any(dim=-1)}

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from pipelines.kv_cache import KVLayout
+from pipelines.kv_cache import KVLayout, PagedKVCache
 from pipelines.pipeline import Emit, Pipeline
 from pipelines.sampling import SamplingParams
 from pipelines.stage import Stage, StageConfig
@@ -23,26 +24,19 @@ from pipelines.types import Event, Message, Turn, TurnDone, TurnError
 
 from . import chat
 from .audio_features import audio_token_count, log_mel
-from .code2wav_stream import Code2WavStream
+from .code2wav_step import Code2WavStep, Code2WavWork
 from .config import ConfigError
 from .conversation import Session, TurnState
 from .model import Qwen3Omni, load_model
-from .stages import (
-    Code2WavStep,
-    Code2WavWork,
-    EncoderStep,
-    EncoderWork,
-    TalkerStep,
-    TalkerWork,
-    ThinkerStep,
-    ThinkerWork,
-    Work,
-)
+from .stages import EncoderStep, EncoderWork, TalkerWork, ThinkerWork, Work
+from .talker_step import TalkerStep
+from .thinker_step import ThinkerStep
 from .tokenizer import Tokenizer
 from .tools import assistant_text, merge_tool_results, tool_response_text, with_tools
 
 log = logging.getLogger(__name__)
 STAGE_NAMES = ("audio_encoder", "thinker", "talker", "code2wav")  # pipeline order, also the run order
+MAX_POSITIONS = 65536  # the thinker's max_position_embeddings in the released checkpoint
 BYTES_PER_TOKEN = 4  # prompt text beyond 4 bytes per token of context is refused before tokenizing
 
 
@@ -50,23 +44,26 @@ class ContextTooLong(ValueError):
     pass
 
 
-def default_stages(device: str) -> tuple[StageConfig, ...]:
+def default_stages(device: str, graphs: bool = False) -> tuple[StageConfig, ...]:
     return (
-        StageConfig("code2wav", device, max_batch=64),
-        StageConfig("talker", device, max_batch=32, kv_blocks=2048),
-        StageConfig("thinker", device, max_batch=32, kv_blocks=4096),
+        StageConfig("code2wav", device, max_batch=64, graphs=graphs),
+        StageConfig("talker", device, max_batch=64, kv_blocks=2048, graphs=graphs, graph_context=4096),
+        StageConfig("thinker", device, max_batch=64, kv_blocks=4096, graphs=graphs, graph_context=8192),
         StageConfig("audio_encoder", device, max_batch=1),
     )
 
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """`model`: 'tiny' or a checkpoint directory. Each stage names its device and capacity."""
+    """`model`: 'tiny' or a checkpoint directory. Each stage names its device and capacity.
+    `kv_memory_gib`: on CUDA, size the thinker and talker caches to this much memory instead of their
+    `kv_blocks` (`on()` sets it from the memory left after the weights)."""
 
     model: str = "tiny"
     device: str = "cpu"
     dtype: str = "float32"
     stages: tuple[StageConfig, ...] = field(default_factory=lambda: default_stages("cpu"))
+    kv_memory_gib: float | None = None
 
     def __post_init__(self) -> None:
         names = sorted(s.name for s in self.stages)
@@ -82,11 +79,47 @@ class PipelineConfig:
         return next(s for s in self.stages if s.name == name)
 
     @classmethod
-    def on(cls, model: str, device: str, dtype: str | None = None, **stage_overrides: dict) -> PipelineConfig:
+    def on(cls, model: str, device: str, dtype: str | None = None, graphs: bool | None = None,
+           kv_memory_gib: float | None = None, **stage_overrides: dict) -> PipelineConfig:
+        """Defaults for `device`: on CUDA, bf16, CUDA graphs, and KV caches sized from free memory at start
+        (`kv_memory_gib` None) unless a stage override gives `kv_blocks`."""
+        cuda = device.startswith("cuda")
+        graphs = cuda if graphs is None else graphs
         stages = tuple(
-            StageConfig(**{**s.__dict__, **stage_overrides.get(s.name, {})}) for s in default_stages(device)
+            StageConfig(**{**s.__dict__, **stage_overrides.get(s.name, {})}) for s in default_stages(device, graphs)
         )
-        return cls(model, device, dtype or ("bfloat16" if device.startswith("cuda") else "float32"), stages)
+        if cuda and kv_memory_gib is None and not any("kv_blocks" in o for o in stage_overrides.values()):
+            kv_memory_gib = -1.0  # auto: from free memory once the weights are loaded
+        return cls(model, device, dtype or ("bfloat16" if cuda else "float32"), stages, kv_memory_gib)
+
+
+KV_HEADROOM_GIB = 10.0  # left free for CUDA graphs, activations and Code2Wav stream state
+TALKER_TOKEN_SHARE = 0.25  # talker cache tokens per thinker cache token, when sized from memory
+
+
+def kv_layouts(model: Qwen3Omni, cfg: PipelineConfig) -> dict[str, KVLayout]:
+    """The thinker's and talker's cache layouts: the stages' `kv_blocks`, or with `kv_memory_gib`, blocks
+    that fill that much memory (negative: what is free on the device less KV_HEADROOM_GIB)."""
+    texts = {"thinker": model.cfg.thinker.text, "talker": model.cfg.talker.text}
+    itemsize = torch.empty((), dtype=getattr(torch, cfg.dtype)).element_size()
+    per_token = {n: 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * itemsize for n, t in texts.items()}
+    blocks = {n: cfg.stage(n).kv_blocks for n in texts}
+    if cfg.kv_memory_gib is not None:
+        gib = cfg.kv_memory_gib
+        if gib < 0:
+            gib = torch.cuda.mem_get_info(torch.device(cfg.device))[0] / 2**30 - KV_HEADROOM_GIB
+        thinker_tokens = gib * 2**30 / (per_token["thinker"] + TALKER_TOKEN_SHARE * per_token["talker"])
+        if thinker_tokens < 4096:
+            raise ConfigError(f"{gib:.1f} GiB leaves no room for a KV cache of useful size")
+        for name, tokens in (("thinker", thinker_tokens), ("talker", thinker_tokens * TALKER_TOKEN_SHARE)):
+            blocks[name] = int(tokens) // cfg.stage(name).block_size
+        log.info("KV cache: %.1f GiB, thinker %d tokens, talker %d tokens", gib,
+                 blocks["thinker"] * cfg.stage("thinker").block_size, blocks["talker"] * cfg.stage("talker").block_size)
+    return {
+        n: KVLayout(t.num_hidden_layers, t.num_key_value_heads, t.head_dim, blocks[n], cfg.stage(n).block_size,
+                    getattr(torch, cfg.dtype), cfg.device)
+        for n, t in texts.items()
+    }
 
 
 def checkpoint_sampling(model: str) -> SamplingParams | None:
@@ -108,31 +141,35 @@ class Qwen3OmniProgram:
         self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
         self.device, self.dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
         self.thinker_sampling = checkpoint_sampling(cfg.model)
-        mc = model.cfg
-        args = (model, self.device, self.dtype)
+        caches = {name: PagedKVCache(layout) for name, layout in kv_layouts(model, cfg).items()}
+        sc = cfg.stage
         with torch.inference_mode():
             self.steps = {
-                "audio_encoder": EncoderStep(*args), "thinker": ThinkerStep(*args, tokenizer.vocab_size),
-                "talker": TalkerStep(*args), "code2wav": Code2WavStep(*args),
+                "audio_encoder": EncoderStep(model, self.device, self.dtype),
+                "thinker": ThinkerStep(model, self.dtype, tokenizer.vocab_size, caches["thinker"], sc("thinker")),
+                "talker": TalkerStep(model, self.dtype, caches["talker"], sc("talker")),
+                "code2wav": Code2WavStep(model, self.device, self.dtype, graphs=sc("code2wav").graphs,
+                                         buckets=sc("code2wav").buckets),
             }
-        layouts = {
-            name: (t.num_hidden_layers, t.num_key_value_heads, t.head_dim)
-            for name, t in (("thinker", mc.thinker.text), ("talker", mc.talker.text))
-        }
-        self.by_name: dict[str, Stage] = {}
-        for name in STAGE_NAMES:
-            sc = cfg.stage(name)
-            layout = None
-            if name in layouts and sc.kv_blocks:
-                layers, heads, dim = layouts[name]
-                layout = KVLayout(layers, heads, dim, sc.kv_blocks, sc.block_size, self.dtype, cfg.device)
-            self.by_name[name] = Stage(sc, self.steps[name], layout)
+        self.by_name: dict[str, Stage] = {n: Stage(sc(n), self.steps[n], caches.get(n)) for n in STAGE_NAMES}
         self.stages = [self.by_name[n] for n in STAGE_NAMES]
         self.sessions: dict[str, Session] = {}
         self.turns: dict[str, tuple[TurnState, list[tuple[Stage, Work]]]] = {}
-        thinker = cfg.stage("thinker")
-        self.max_context = thinker.kv_blocks * thinker.block_size  # tokens one conversation can ever hold
+        thinker = caches["thinker"].layout
+        # tokens one conversation can ever hold
+        self.max_context = min(thinker.num_blocks * thinker.block_size, MAX_POSITIONS)
         self.started = self.ended = 0
+        self.capture_s = self.capture()
+
+    def capture(self) -> float:
+        """Capture every stage's fixed-shape steps (CUDA graphs on) in one shared pool; returns seconds."""
+        start, pool = time.perf_counter(), None
+        for stage in self.stages:
+            pool = stage.runner.capture(pool)
+        seconds = time.perf_counter() - start
+        if pool is not None:
+            log.info("CUDA graphs captured in %.1f s", seconds)
+        return seconds
 
     def start_turn(self, turn: Turn, emit: Emit) -> None:
         """Register a turn's works, or refuse it (TurnError) before any work exists. Every turn started
@@ -233,7 +270,7 @@ class Qwen3OmniProgram:
         works.append((s["thinker"], ThinkerWork(state, s["thinker"].kv)))
         if opts.audio:
             works.append((s["talker"], TalkerWork(state, s["talker"].kv, self.steps["talker"].prompt)))
-            works.append((s["code2wav"], Code2WavWork(state, Code2WavStream(self.model.code2wav))))
+            works.append((s["code2wav"], Code2WavWork(state)))
         if not features:  # last: the session changes only once nothing else can fail
             ids = torch.tensor([state.prompt_ids], device=self.device)
             state.on_prompt_embeds(self.model.thinker.embed(ids)[0])
@@ -286,6 +323,8 @@ class Qwen3OmniProgram:
         _, works = self.turns.pop(turn_id, (None, []))
         for stage, work in works:
             stage.remove(work)
+            with torch.inference_mode():  # its state rows are inference tensors
+                work.release()
 
     def counters(self) -> dict:
         """Turns started and ended (each ends once), live turns and sessions, KV blocks in use and live

@@ -1,0 +1,104 @@
+"""The thinker stage: prefills of new turns (any shapes, eager) and decode steps (fixed shapes).
+
+A decode step is `forward.ThinkerDecode` over static buffers: prepare writes each row's input
+embedding, position, block-table row and sampling parameters; the step runs as a CUDA graph of the
+batch's bucket (or eagerly); commit reads the ids in one device-to-host copy and hands each token on.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pipelines import decode_kv
+from pipelines.graphs import GraphRunner, Tensors
+from pipelines.kv_cache import BatchKV, PagedKVCache
+from pipelines.sampling import Sampler
+from pipelines.stage import StageConfig
+from pipelines.step_sampling import sampling_rows
+
+from .forward import ThinkerDecode
+from .model import Qwen3Omni
+from .stages import GREEDY, NAN_MESSAGE, ThinkerWork, last_rows, nan_rows, pad_rows
+from .talker_prompt import TtsEmbeds, tts_embeds, tts_token_ids, user_mask
+
+
+class ThinkerStep:
+    def __init__(self, model: Qwen3Omni, dtype: torch.dtype, vocab: int, kv: PagedKVCache, sc: StageConfig) -> None:
+        self.model, self.device, self.dtype, self.kv = model, torch.device(sc.device), dtype, kv
+        self.vocab = vocab  # the tokenizer's size: wider lm_head rows are never sampled
+        cfg = model.cfg
+        self.capture_layer = cfg.talker.accept_hidden_layer
+        ids = torch.tensor(tts_token_ids(cfg), device=self.device)
+        self.tts: TtsEmbeds = tts_embeds(model.talker, model.thinker.embed(ids))
+        self.width = sc.graph_blocks
+        step = ThinkerDecode(model, kv, vocab)
+        self.graph = GraphRunner("thinker", step, step.inputs(dtype, self.width, kv.scratch_slot), self.device,
+                                 sc.buckets, sc.graphs)
+
+    def capture(self, pool: object | None) -> object | None:
+        return self.graph.capture(pool)
+
+    def decode(self, works: list[ThinkerWork]) -> bool:
+        """One reply token per row through the fixed-shape step; False if a row is not a plain decode."""
+        for w in works:
+            s = w.turn.session
+            if not w.turn.reply_ids or self.kv.length(w.key) != len(s.ids) - 1:
+                return False
+            if len(self.kv.seqs[w.key].blocks) > self.width:
+                return False
+        x = torch.cat([w.turn.session.embeds.tail(len(w.turn.session.ids) - 1) for w in works])
+        rows = decode_kv.rows(self.kv, [w.key for w in works], self.width) | {
+            "x": x, "step": [len(w.turn.reply_ids) for w in works],
+            "no_eos": [w.turn.options.ignore_eos for w in works],
+            **sampling_rows("s", [w.turn.options.thinker or GREEDY for w in works]),
+        }
+        self._commit(works, self.graph(len(works), rows))
+        return True
+
+    def run(self, works: list[ThinkerWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
+        thinker, talker = self.model.thinker, self.model.talker
+        pasts = [w.kv.length(w.key) for w in works]
+        x = pad_rows([w.turn.session.embeds.tail(p)[:n] for w, p, n in zip(works, pasts, lengths, strict=True)])
+        hidden, captured = thinker(x, kv.positions, kv, capture_layer=self.capture_layer)
+        for i, w in enumerate(works):  # every turn's user rows: a later turn may speak
+            self._talker_user_rows(w, pasts[i], lengths[i], x[i], captured[i])
+        logits = thinker.logits(last_rows(hidden, lengths))[:, : self.vocab]
+        params = [w.turn.options.thinker or GREEDY for w in works]
+        steps = torch.tensor([len(w.turn.reply_ids) for w in works], device=self.device)
+        ids = Sampler(params, self.device)(logits, steps, suppress=self._no_eos(works, logits.shape[-1]))
+        embeds = thinker.embed(ids)
+        self._commit(works, {"ids": ids, "embeds": embeds, "projected": talker.project_text(embeds),
+                             "bad": nan_rows(logits)})
+
+    def _commit(self, works: list[ThinkerWork], out: Tensors) -> None:
+        ids = torch.where(out["bad"], -1, out["ids"]).tolist()  # the step's one host sync
+        for i, (w, token) in enumerate(zip(works, ids, strict=True)):
+            if token < 0:
+                w.fail("internal_error", f"thinker: {NAN_MESSAGE}")
+                continue
+            w.turn.on_token(token, out["embeds"][i], out["projected"][i])
+
+    def _no_eos(self, works: list[ThinkerWork], vocab: int) -> torch.Tensor | None:
+        rows = [w.turn.options.ignore_eos for w in works]
+        if not any(rows):
+            return None
+        mask = torch.zeros(len(works), vocab, dtype=torch.bool, device=self.device)
+        mask[torch.tensor(rows, device=self.device), self.model.cfg.im_end_token_id] = True
+        return mask
+
+    def _talker_user_rows(self, w: ThinkerWork, past: int, n: int, x: torch.Tensor, captured: torch.Tensor) -> None:
+        """Talker rows for the user-turn positions among the ones just fed (once per position)."""
+        s, cfg = w.turn.session, self.model.cfg
+        lo = max(past, s.talker_done_upto)
+        end = min(past + n, len(s.ids) - len(w.turn.reply_ids))  # reply tokens are never user rows
+        s.talker_done_upto = max(s.talker_done_upto, end)
+        if lo >= end:
+            return
+        ids = torch.tensor(s.ids[:end], device=self.device)
+        keep = user_mask(ids, cfg)[lo:]
+        if keep.any():
+            local = torch.arange(lo - past, end - past, device=self.device)[keep]
+            audio = (ids[lo:] == cfg.thinker.audio_token_id)[keep]
+            talker = self.model.talker
+            rows = torch.where(audio[:, None], talker.project_hidden(captured[local]), talker.project_text(x[local]))
+            s.talker_users.append(rows)
