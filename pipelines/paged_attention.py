@@ -118,8 +118,9 @@ if triton is not None:
                      out.to(out_ptr.dtype.element_ty), mask=store_ok)
         else:
             at = (row * GROUP * tl.num_programs(1) + heads) * NUM_PARTS + part
-            tl.store(part_out_ptr + at[:, None] * D + dims[None, :], out, mask=store_ok & (lo < seq_len))
-            tl.store(part_lse_ptr + at, m + tl.log2(l), mask=head_ok & (lo < seq_len))
+            written = tl.arange(0, GROUP_PAD) < tl.where(lo < seq_len, GROUP, 0)  # none for an empty partition
+            tl.store(part_out_ptr + at[:, None] * D + dims[None, :], out, mask=written[:, None] & dim_ok[None, :])
+            tl.store(part_lse_ptr + at, m + tl.log2(l), mask=written)
 
     @triton.jit
     def _merge_kernel(
