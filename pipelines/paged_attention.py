@@ -14,6 +14,8 @@ log-sum-exp. Lengths past the table's width are clamped to it (a device kernel c
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 try:
@@ -23,6 +25,9 @@ except ImportError:  # CPU-only installs: the reference serves
     triton = None
 
 TILE = 64  # keys per inner step of the kernel
+# Triton's interpreter before 3.8 cannot run `for` over loaded bounds (numpy 2.4): it runs `while` instead.
+INTERPRET_WHILE = triton is not None and os.environ.get("TRITON_INTERPRET") == "1" and tuple(
+    int(x) for x in triton.__version__.split(".")[:2]) < (3, 8)
 
 
 def _check(q, k_cache, v_cache, block_table, seq_lens, block_size) -> None:
@@ -73,12 +78,32 @@ def paged_decode_reference(
 if triton is not None:
 
     @triton.jit
+    def _attend_tile(q, m, l, acc, start, hi, bt_row, k_head, v_head, sk_s, sv_s, scale_log2, dims, dim_ok,
+                     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, PRECISION: tl.constexpr):
+        """Keys start..start+TILE_N-1 (those below hi) folded into the running max m, sum l and output acc."""
+        keys = start + tl.arange(0, TILE_N)
+        key_ok = keys < hi
+        block = tl.load(bt_row + keys // BLOCK_SIZE, mask=key_ok, other=0)
+        slot = (block.to(tl.int64) * BLOCK_SIZE + keys % BLOCK_SIZE)[:, None]
+        kv_ok = key_ok[:, None] & dim_ok[None, :]
+        k = tl.load(k_head + slot * sk_s + dims[None, :], mask=kv_ok, other=0.0)
+        v = tl.load(v_head + slot * sv_s + dims[None, :], mask=kv_ok, other=0.0)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * scale_log2
+        s = tl.where(key_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
+        return m_new, l, acc
+
+    @triton.jit
     def _partition_kernel(
         q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, part_out_ptr, part_lse_ptr, out_ptr,
         sq_b, sq_h, sk_s, sk_h, sv_s, sv_h, sbt_b, scale_log2,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
         BLOCK_SIZE: tl.constexpr, MAX_BLOCKS: tl.constexpr, PART: tl.constexpr, TILE_N: tl.constexpr,
-        NUM_PARTS: tl.constexpr, PRECISION: tl.constexpr,
+        NUM_PARTS: tl.constexpr, PRECISION: tl.constexpr, LOOP_WHILE: tl.constexpr,
     ):
         row, kv_head, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         seq_len = tl.minimum(tl.load(len_ptr + row), MAX_BLOCKS * BLOCK_SIZE)
@@ -92,24 +117,17 @@ if triton is not None:
         m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         l = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-        start = lo
-        while start < hi:  # a `for` over loaded bounds breaks Triton 3.6's interpreter on numpy 2.4
-            keys = start + tl.arange(0, TILE_N)
-            key_ok = keys < hi
-            block = tl.load(bt_ptr + row * sbt_b + keys // BLOCK_SIZE, mask=key_ok, other=0)
-            slot = (block.to(tl.int64) * BLOCK_SIZE + keys % BLOCK_SIZE)[:, None]
-            kv_ok = key_ok[:, None] & dim_ok[None, :]
-            k = tl.load(k_ptr + slot * sk_s + kv_head * sk_h + dims[None, :], mask=kv_ok, other=0.0)
-            v = tl.load(v_ptr + slot * sv_s + kv_head * sv_h + dims[None, :], mask=kv_ok, other=0.0)
-            s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * scale_log2
-            s = tl.where(key_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            p = tl.exp2(s - m_new[:, None])
-            alpha = tl.exp2(m - m_new)
-            l = l * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
-            m = m_new
-            start += TILE_N
+        bt_row, k_head, v_head = bt_ptr + row * sbt_b, k_ptr + kv_head * sk_h, v_ptr + kv_head * sv_h
+        if LOOP_WHILE:
+            start = lo
+            while start < hi:
+                m, l, acc = _attend_tile(q, m, l, acc, start, hi, bt_row, k_head, v_head, sk_s, sv_s, scale_log2,
+                                         dims, dim_ok, BLOCK_SIZE, TILE_N, PRECISION)
+                start += TILE_N
+        else:  # on the GPU `for` is software-pipelined (cp.async); `while` is not
+            for start in range(lo, hi, TILE_N):
+                m, l, acc = _attend_tile(q, m, l, acc, start, hi, bt_row, k_head, v_head, sk_s, sv_s, scale_log2,
+                                         dims, dim_ok, BLOCK_SIZE, TILE_N, PRECISION)
         l = tl.where(l > 0, l, 1.0)  # a partition with no keys: zeros, and its lse is never read
         out = acc / l[:, None]
         store_ok = head_ok[:, None] & dim_ok[None, :]
@@ -176,6 +194,7 @@ def paged_decode_triton(
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, D_PAD=d_pad,
         BLOCK_SIZE=block_size, MAX_BLOCKS=block_table.shape[1], PART=part, TILE_N=min(TILE, part),
         NUM_PARTS=num_parts, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        LOOP_WHILE=INTERPRET_WHILE,
     )
     if num_parts > 1:
         _merge_kernel[(b, hq)](

@@ -112,7 +112,7 @@ def run_kernel_cases() -> None:
         kernel_matches_reference(*case)
     kernel_half_precision()
     kernel_applies_scale()
-    print(f"{len(CASES) + 2} kernel cases passed")
+    print(f"{len(CASES) + 2} kernel cases passed ({'while' if pa.INTERPRET_WHILE else 'for'} loop)")
 
 
 def test_kernel_matches_reference_in_interpreter():
@@ -168,7 +168,7 @@ def test_kernels_compile_for_hopper(num_parts):
     ptrs = {f"{n}_ptr": "*bf16" for n in ("q", "k", "v", "out")}
     ptrs |= {"bt_ptr": "*i32", "len_ptr": "*i32", "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32"}
     consts = dict(GROUP=8, GROUP_PAD=16, D=128, D_PAD=128, BLOCK_SIZE=16, MAX_BLOCKS=256, PART=512, TILE_N=pa.TILE,
-                  NUM_PARTS=num_parts, PRECISION="tf32")
+                  NUM_PARTS=num_parts, PRECISION="tf32", LOOP_WHILE=False)
     compiled = compile_for_hopper(pa._partition_kernel, ptrs, consts)
     assert "mma.sync" in compiled.asm["ptx"] and compiled.asm["cubin"]
     if num_parts > 1:
