@@ -33,6 +33,8 @@ SCRIPT = textwrap.dedent(
     from models.qwen3_omni import fused
     from models.qwen3_omni.layers import RMSNorm, Rope, SelfAttention, apply_rope
 
+    imported_triton = "triton" in sys.modules  # importing the model must not import triton
+
     torch.manual_seed(0)
     out = []
 
@@ -75,18 +77,27 @@ SCRIPT = textwrap.dedent(
             if cos_b < b:  # rope alone (Code2Wav's attention has no QK norm), on one shape to keep this quick
                 got = fused.qk_norm_rope_triton(q, k, None, None, 1e-6, cos, sin)
                 report(f"rope{(b, t, hq, hkv)}", dtype, got, [apply_rope(q, cos, sin), apply_rope(k, cos, sin)])
-    print(json.dumps(out))
+    print(json.dumps({"imported_triton": imported_triton, "cases": out}))
     """
 )
 
 
 @pytest.fixture(scope="module")
-def interpreted() -> list[list]:
+def run() -> dict:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=ROOT,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def interpreted(run: dict) -> list[list]:
+    return run["cases"]
+
+
+def test_importing_the_model_does_not_import_triton(run: dict) -> None:
+    assert not run["imported_triton"]
 
 
 def test_interpreted_cases_cover_every_kernel_and_dtype(interpreted: list[list]) -> None:

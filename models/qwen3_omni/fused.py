@@ -42,9 +42,13 @@ def _use_triton(*ts: torch.Tensor | None) -> bool:
     )
 
 
+def _vec(w: torch.Tensor | None, n: int) -> bool:
+    return w is None or (w.shape == (n,) and w.is_contiguous())
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm.forward(x) with `weight`, `eps`; x: [..., N]."""
-    fuse = _use_triton(x, weight) and weight.shape == x.shape[-1:] and weight.is_contiguous()
+    fuse = _use_triton(x, weight) and _vec(weight, x.shape[-1])
     return rms_norm_triton(x, weight, eps) if fuse else rms_norm_torch(x, weight, eps)
 
 
@@ -52,7 +56,7 @@ def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(s, rms_norm(s)) with s = x + residual rounded to x's dtype, as eager computes them."""
-    if _use_triton(x, residual, weight) and x.shape == residual.shape and weight.shape == x.shape[-1:]:
+    if _use_triton(x, residual, weight) and x.shape == residual.shape and _vec(weight, x.shape[-1]):
         return add_rms_norm_triton(x, residual, weight, eps)
     s = x + residual
     return s, rms_norm_torch(s, weight, eps)
@@ -64,7 +68,7 @@ def qk_norm_rope(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, T, Hq, D], k: [B, T, Hkv, D] (views of a fused qkv output are fine); cos, sin: [B, T, D].
     Per-head RMSNorm (skipped when the weights are None, as in Code2Wav), then rotate-half rope."""
-    if _use_triton(q, k, q_weight, k_weight, cos, sin):
+    if _use_triton(q, k, q_weight, k_weight, cos, sin) and _vec(q_weight, q.shape[-1]) and _vec(k_weight, k.shape[-1]):
         return qk_norm_rope_triton(q, k, q_weight, k_weight, eps, cos, sin)
     if q_weight is not None:
         q, k = rms_norm_torch(q, q_weight, eps), rms_norm_torch(k, k_weight, eps)
@@ -116,12 +120,11 @@ def qk_norm_rope_triton(
     q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
     cos: torch.Tensor, sin: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    from . import fused_kernels as K
-
     b, t, hq, d = q.shape
     hkv = k.shape[2]
     if d % 2 or k.shape != (b, t, hkv, d):
         raise ValueError(f"qk_norm_rope: q {tuple(q.shape)} and k {tuple(k.shape)} need the same B, T and an even D")
+    from . import fused_kernels as K
     q, k = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k))
     cos, sin = (c.expand(b, t, d) for c in (cos, sin))
     cos, sin = (c if c.stride(-1) == 1 else c.contiguous() for c in (cos, sin))
