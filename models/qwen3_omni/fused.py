@@ -1,0 +1,140 @@
+"""Fused Triton kernels for the decode step's elementwise chains: RMSNorm, residual add + RMSNorm, and
+per-head QK RMSNorm + rotary embedding, each one kernel instead of 5 to 24.
+
+Each public function is a drop-in for today's torch code (`RMSNorm.forward`, `x + r` then a norm,
+`q_norm`/`k_norm` then `apply_rope` in `SelfAttention.forward`) and rounds where it rounds: the norm
+in float32, cast to the input's dtype, then the weight multiply rounded to that dtype; rope's two
+products and their sum each rounded to the dtype. Triton runs on CUDA tensors (inference only);
+anything else takes the torch path, which is today's code. Launches depend on shapes only (no host
+sync), so they can be captured in CUDA graphs once warmed up eagerly (the first call compiles).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+HAVE_TRITON = importlib.util.find_spec("triton") is not None  # CPU-only torch builds ship without it
+
+ENABLED = True  # the runtime may switch the Triton path off (the torch path is then used everywhere)
+
+
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _use_triton(*ts: torch.Tensor | None) -> bool:
+    ts = [t for t in ts if t is not None]
+    return (
+        ENABLED and HAVE_TRITON and all(t.is_cuda and t.dtype == ts[0].dtype for t in ts)
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in ts))
+    )
+
+
+def _vec(w: torch.Tensor | None, n: int) -> bool:
+    return w is None or (w.shape == (n,) and w.is_contiguous())
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm.forward(x) with `weight`, `eps`; x: [..., N]."""
+    fuse = _use_triton(x, weight) and _vec(weight, x.shape[-1])
+    return rms_norm_triton(x, weight, eps) if fuse else rms_norm_torch(x, weight, eps)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, rms_norm(s)) with s = x + residual rounded to x's dtype, as eager computes them."""
+    if _use_triton(x, residual, weight) and x.shape == residual.shape and _vec(weight, x.shape[-1]):
+        return add_rms_norm_triton(x, residual, weight, eps)
+    s = x + residual
+    return s, rms_norm_torch(s, weight, eps)
+
+
+def qk_norm_rope(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
+    cos: torch.Tensor, sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [B, T, Hq, D], k: [B, T, Hkv, D] (views of a fused qkv output are fine); cos, sin: [B, T, D].
+    Per-head RMSNorm (skipped when the weights are None, as in Code2Wav), then rotate-half rope."""
+    if _use_triton(q, k, q_weight, k_weight, cos, sin) and _vec(q_weight, q.shape[-1]) and _vec(k_weight, k.shape[-1]):
+        return qk_norm_rope_triton(q, k, q_weight, k_weight, eps, cos, sin)
+    if q_weight is not None:
+        q, k = rms_norm_torch(q, q_weight, eps), rms_norm_torch(k, k_weight, eps)
+    return rope_torch(q, cos, sin), rope_torch(k, cos, sin)
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def _warps(block: int) -> int:
+    return min(max(block // 256, 1), 8)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])  # a view where the leading dims merge, else a copy
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    from . import fused_kernels as K
+
+    x2 = _rows(x)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    n = x.shape[-1]
+    block = _pow2(n)
+    if x2.shape[0]:
+        K._norm_rows[(x2.shape[0],)](x2, x2, weight, out, out, n, x2.stride(0), 0, n, 0, eps, 1.0 / n,
+                                   HAS_RES=False, BLOCK=block, num_warps=_warps(block))
+    return out
+
+
+def add_rms_norm_triton(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from . import fused_kernels as K
+
+    x2, r2 = _rows(x), _rows(residual)
+    out, s = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for _ in range(2))
+    n = x.shape[-1]
+    block = _pow2(n)
+    if x2.shape[0]:
+        K._norm_rows[(x2.shape[0],)](x2, r2, weight, out, s, n, x2.stride(0), r2.stride(0), n, n, eps, 1.0 / n,
+                                   HAS_RES=True, BLOCK=block, num_warps=_warps(block))
+    return s, out
+
+
+def qk_norm_rope_triton(
+    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
+    cos: torch.Tensor, sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    b, t, hq, d = q.shape
+    hkv = k.shape[2]
+    if d % 2 or k.shape != (b, t, hkv, d):
+        raise ValueError(f"qk_norm_rope: q {tuple(q.shape)} and k {tuple(k.shape)} need the same B, T and an even D")
+    from . import fused_kernels as K
+    q, k = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k))
+    cos, sin = (c.expand(b, t, d) for c in (cos, sin))
+    cos, sin = (c if c.stride(-1) == 1 else c.contiguous() for c in (cos, sin))
+    qo, ko = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (q, k))
+    norm = q_weight is not None
+    block = _pow2(d // 2)
+    if b * t:
+        K._qk_norm_rope[(b * t, hq + hkv)](
+            q, k, q_weight if norm else q, k_weight if norm else k, cos, sin, qo, ko, t, hq,
+            *q.stride()[:3], *k.stride()[:3], *cos.stride()[:2], *sin.stride()[:2], eps, 1.0 / d,
+            NORM=norm, HALF=d // 2, BLOCK=block, num_warps=_warps(block),
+        )
+    return qo, ko

@@ -1,0 +1,70 @@
+"""The Triton kernels behind models/qwen3_omni/fused.py; imported only when a CUDA tensor takes the
+Triton path, so that importing the model never imports triton (a test may need to set TRITON_INTERPRET
+before triton's first import)."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _normed(x, w, inv_n, eps):
+    """weight * (x * rsqrt(mean(x^2) + eps)).to(dtype), rounded as eager rounds."""
+    xf = x.to(tl.float32)
+    y = (xf * tl.rsqrt(tl.sum(xf * xf, axis=0) * inv_n + eps)).to(x.dtype)
+    return (w.to(tl.float32) * y.to(tl.float32)).to(x.dtype)
+
+@triton.jit
+def _norm_rows(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, n, sx, sr, so, ss, eps, inv_n,
+               HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(x_ptr + row * sx + cols, mask=mask, other=0.0)
+    if HAS_RES:
+        r = tl.load(r_ptr + row * sr + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        tl.store(sum_ptr + row * ss + cols, x, mask=mask)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + row * so + cols, _normed(x, w, inv_n, eps), mask=mask)
+
+@triton.jit
+def _rounded_mul(a, b):
+    """a * b rounded to a's dtype, returned in float32."""
+    return (a.to(tl.float32) * b.to(tl.float32)).to(a.dtype).to(tl.float32)
+
+@triton.jit
+def _norm_rope_head(src, dst, w_ptr, cos, sin, eps, inv_d,
+                    NORM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    m = i < HALF
+    x1 = tl.load(src + i, mask=m, other=0.0)
+    x2 = tl.load(src + HALF + i, mask=m, other=0.0)
+    dt = x1.dtype
+    if NORM:
+        a, b = x1.to(tl.float32), x2.to(tl.float32)
+        inv = tl.rsqrt((tl.sum(a * a, axis=0) + tl.sum(b * b, axis=0)) * inv_d + eps)
+        w1 = tl.load(w_ptr + i, mask=m, other=0.0).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + i, mask=m, other=0.0).to(tl.float32)
+        x1 = (w1 * (a * inv).to(dt).to(tl.float32)).to(dt)
+        x2 = (w2 * (b * inv).to(dt).to(tl.float32)).to(dt)
+    c1, c2 = tl.load(cos + i, mask=m, other=0.0), tl.load(cos + HALF + i, mask=m, other=0.0)
+    s1, s2 = tl.load(sin + i, mask=m, other=0.0), tl.load(sin + HALF + i, mask=m, other=0.0)
+    tl.store(dst + i, (_rounded_mul(x1, c1) - _rounded_mul(x2, s1)).to(dt), mask=m)
+    tl.store(dst + HALF + i, (_rounded_mul(x2, c2) + _rounded_mul(x1, s2)).to(dt), mask=m)
+
+@triton.jit
+def _qk_norm_rope(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, T, HQ,
+                  sqb, sqt, sqh, skb, skt, skh, scb, sct, ssb, sst, eps, inv_d,
+                  NORM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # b * T + t
+    h = tl.program_id(1)
+    bi, ti = row // T, row % T
+    cos, sin = cos_ptr + bi * scb + ti * sct, sin_ptr + bi * ssb + ti * sst
+    nh = tl.num_programs(1)
+    if h < HQ:
+        _norm_rope_head(q_ptr + bi * sqb + ti * sqt + h * sqh, qo_ptr + (row * HQ + h) * 2 * HALF, qw_ptr,
+                        cos, sin, eps, inv_d, NORM, HALF, BLOCK)
+    else:
+        _norm_rope_head(k_ptr + bi * skb + ti * skt + (h - HQ) * skh,
+                        ko_ptr + (row * (nh - HQ) + h - HQ) * 2 * HALF, kw_ptr,
+                        cos, sin, eps, inv_d, NORM, HALF, BLOCK)

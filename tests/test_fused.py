@@ -1,0 +1,158 @@
+"""The fused Triton kernels (models/qwen3_omni/fused.py) against today's eager layers.
+
+The kernels run on CPU under Triton's interpreter, in a subprocess: TRITON_INTERPRET must be set
+before triton is first imported, and another test module may already have imported it here. The
+interpreter casts float32 -> bfloat16 by truncation where the GPU rounds to nearest even, so the
+subprocess swaps in a nearest-even cast; float16 and bfloat16 then check eager's roundings bit for
+bit. benchmarks/check_fused.py measures bfloat16 on the GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.qwen3_omni import fused
+from models.qwen3_omni.layers import RMSNorm, Rope, SelfAttention, apply_rope
+
+pytestmark = pytest.mark.skipif(not fused.HAVE_TRITON, reason="triton is not installed")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Each case prints: name, dtype, max |fused - eager|, max |eager|, fraction of elements not bit-identical.
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys, torch
+    from models.qwen3_omni import fused
+    from models.qwen3_omni.layers import RMSNorm, Rope, SelfAttention, apply_rope
+
+    imported_triton = "triton" in sys.modules  # importing the model must not import triton
+
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    truncating = interpreter._convert_float
+
+    def nearest_even(data, src, dst, rounding):  # the GPU's float32 -> bfloat16 cast, instead of truncation
+        if src == tl.float32 and dst == tl.bfloat16:
+            return torch.from_numpy(data.copy()).to(torch.bfloat16).view(torch.int16).numpy().view("uint16")
+        return truncating(data, src, dst, rounding)
+
+    interpreter._convert_float = nearest_even
+
+    torch.manual_seed(0)
+    out = []
+
+    def report(name, dtype, got, want):
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype, (name, g.shape, w.shape, g.dtype, w.dtype)
+            d = (g.float() - w.float()).abs().max().item()
+            out.append([name, str(dtype), d, w.float().abs().max().item(), (g != w).float().mean().item()])
+
+    def norm(n, dtype):
+        m = RMSNorm(n, 1e-6).to(dtype).requires_grad_(False)
+        m.weight.normal_(1.0, 0.5)
+        return m
+
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for shape in [(1, 1, 128), (2, 3, 1024), (2, 1, 1280), (4, 1, 2048), (1, 2, 4096), (3, 1000)]:
+            m = norm(shape[-1], dtype)
+            x, r = torch.randn(shape).to(dtype) * 3, torch.randn(shape).to(dtype)
+            report(f"rms_norm{shape}", dtype, [fused.rms_norm_triton(x, m.weight, m.eps)], [m(x)])
+            s = r + x
+            report(f"add_rms_norm{shape}", dtype, fused.add_rms_norm_triton(x, r, m.weight, m.eps), [s, m(s)])
+        x = torch.randn(3, 2048).to(dtype)[:, ::2]  # a strided input
+        m = norm(1024, dtype)
+        report("rms_norm(strided)", dtype, [fused.rms_norm_triton(x, m.weight, m.eps)], [m(x)])
+
+        for b, t, hq, hkv, cos_b in [(1, 1, 4, 2, 1), (2, 3, 2, 1, 1), (3, 1, 4, 4, 3)]:
+            d = 128
+            attn = SelfAttention(hq * d, hq, hkv, d, 1e-6, qk_norm=True).to(dtype).requires_grad_(False)
+            attn.q_norm.weight.normal_(1.0, 0.5)
+            attn.k_norm.weight.normal_(1.0, 0.5)
+            qkv = torch.randn(b, t, (hq + 2 * hkv) * d).to(dtype) * 2
+            q, k, _ = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)  # as SelfAttention.forward makes them
+            q, k = q.view(b, t, -1, d), k.view(b, t, -1, d)
+            assert b * t == 1 or not (q.is_contiguous() or k.is_contiguous())
+            pos = torch.randint(0, 4000, (cos_b, t))
+            cos, sin = Rope(d, 1e6)(pos, dtype)
+            qn, kn = attn.q_norm(q), attn.k_norm(k)
+            got = fused.qk_norm_rope_triton(q, k, attn.q_norm.weight, attn.k_norm.weight, 1e-6, cos, sin)
+            report(f"qk_norm_rope{(b, t, hq, hkv)}", dtype, got, [apply_rope(qn, cos, sin), apply_rope(kn, cos, sin)])
+            if cos_b < b:  # rope alone (Code2Wav's attention has no QK norm), on one shape to keep this quick
+                got = fused.qk_norm_rope_triton(q, k, None, None, 1e-6, cos, sin)
+                report(f"rope{(b, t, hq, hkv)}", dtype, got, [apply_rope(q, cos, sin), apply_rope(k, cos, sin)])
+    print(json.dumps({"imported_triton": imported_triton, "cases": out}))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def run() -> dict:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def interpreted(run: dict) -> list[list]:
+    return run["cases"]
+
+
+def test_importing_the_model_does_not_import_triton(run: dict) -> None:
+    assert not run["imported_triton"]
+
+
+def test_interpreted_cases_cover_every_kernel_and_dtype(interpreted: list[list]) -> None:
+    names = {(name.split("(")[0], dtype) for name, dtype, *_ in interpreted}
+    kernels = {"rms_norm", "add_rms_norm", "qk_norm_rope", "rope"}
+    assert names == {(k, f"torch.{d}") for k in kernels for d in ("float32", "float16", "bfloat16")}
+
+
+@pytest.mark.parametrize(
+    "dtype, rel, identical",
+    [("torch.float32", 2e-6, 0.0), ("torch.float16", 2**-10, 0.99), ("torch.bfloat16", 2**-7, 0.99)],
+)
+def test_kernels_match_eager(interpreted: list[list], dtype: str, rel: float, identical: float) -> None:
+    """float32: to float32 rounding (rsqrt and summation order differ from torch's); float16, bfloat16:
+    the same roundings, so bit-identical but for rare 1-ulp flips from those float32 differences."""
+    for name, dt, diff, scale, mismatched in interpreted:
+        if dt == dtype:
+            assert diff <= rel * scale, (name, dt, diff, scale)
+            assert 1 - mismatched >= identical, (name, dt, mismatched)
+
+
+def test_cpu_dispatch_is_todays_code() -> None:
+    torch.manual_seed(1)
+    m = RMSNorm(1280, 1e-6)
+    with torch.no_grad():
+        m.weight.normal_()
+    x, r = torch.randn(2, 3, 1280), torch.randn(2, 3, 1280)
+    with torch.no_grad():
+        assert torch.equal(fused.rms_norm(x, m.weight, m.eps), m(x))
+        s, normed = fused.add_rms_norm(x, r, m.weight, m.eps)
+        assert torch.equal(s, x + r) and torch.equal(normed, m(x + r))
+        attn = SelfAttention(512, 4, 2, 128, 1e-6, qk_norm=True)
+        q, k = torch.randn(2, 3, 4, 128), torch.randn(2, 3, 2, 128)
+        cos, sin = Rope(128, 1e6)(torch.arange(3).expand(2, 3), torch.float32)
+        got = fused.qk_norm_rope(q, k, attn.q_norm.weight, attn.k_norm.weight, 1e-6, cos, sin)
+        assert torch.equal(got[0], apply_rope(attn.q_norm(q), cos, sin))
+        assert torch.equal(got[1], apply_rope(attn.k_norm(k), cos, sin))
+        assert not fused._use_triton(x, m.weight)
+
+
+def test_bad_shapes_are_refused() -> None:
+    cos = sin = torch.ones(1, 1, 127)
+    with pytest.raises(ValueError, match="even D"):
+        fused.qk_norm_rope_triton(torch.ones(1, 1, 2, 127), torch.ones(1, 1, 1, 127), None, None, 1e-6, cos, sin)
+    with pytest.raises(ValueError, match="same B, T"):
+        fused.qk_norm_rope_triton(torch.ones(1, 2, 2, 128), torch.ones(1, 1, 1, 128), None, None, 1e-6, cos, sin)
