@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from models.qwen3_omni import fused
-from models.qwen3_omni.layers import RMSNorm, Rope, SelfAttention, apply_rope
+from models.qwen3_omni.fused import rope_torch as apply_rope
+from models.qwen3_omni.layers import RMSNorm, Rope, SelfAttention
 
 pytestmark = pytest.mark.skipif(not fused.HAVE_TRITON, reason="triton is not installed")
 
@@ -31,7 +32,8 @@ SCRIPT = textwrap.dedent(
     """
     import json, sys, torch
     from models.qwen3_omni import fused
-    from models.qwen3_omni.layers import RMSNorm, Rope, SelfAttention, apply_rope
+    from models.qwen3_omni.fused import rope_torch as apply_rope
+    from models.qwen3_omni.layers import RMSNorm, Rope, SelfAttention
 
     imported_triton = "triton" in sys.modules  # importing the model must not import triton
 

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fused
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -21,10 +23,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        """In float32, cast back, then the weight (as the reference rounds); one kernel on CUDA."""
+        return fused.rms_norm(x, self.weight, self.eps)
 
 
 class Rope(nn.Module):
@@ -58,14 +58,6 @@ class Rope(nn.Module):
                 freqs[..., idx] = per_axis[axis, ..., idx]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, T, H, D]; cos/sin: [B, T, D]."""
-    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
 
 
 def attention(
@@ -148,9 +140,9 @@ class SelfAttention(nn.Module):
         d = self.head_dim
         q, k, v = self.qkv(x).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
         q, k, v = q.view(b, t, -1, d), k.view(b, t, -1, d), v.view(b, t, -1, d)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        qw, kw = (None, None) if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight)
+        eps = 0.0 if self.q_norm is None else self.q_norm.eps
+        q, k = fused.qk_norm_rope(q, k, qw, kw, eps, cos, sin)  # per-head norms, then rotate-half rope
         out = attention(q, k, v, self.scale) if cache is None else cache.attend(layer, q, k, v, self.scale)
         return self.o_proj(out.reshape(b, t, -1))
 
@@ -250,8 +242,10 @@ class DecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, cache: KVCache | None
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        post = self.post_attention_layernorm
+        x, h = fused.add_rms_norm(self.self_attn(self.input_layernorm(x), cos, sin, layer, cache), x, post.weight,
+                                  post.eps)
+        return x + self.mlp(h)
 
 
 def run_layers(
