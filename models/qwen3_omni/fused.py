@@ -89,30 +89,29 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    from . import fused_kernels as K
-
-    x2 = _rows(x)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    n = x.shape[-1]
-    block = _pow2(n)
-    if x2.shape[0]:
-        K._norm_rows[(x2.shape[0],)](x2, x2, weight, out, out, n, x2.stride(0), 0, n, 0, eps, 1.0 / n,
-                                   HAS_RES=False, BLOCK=block, num_warps=_warps(block))
-    return out
+    return _norm_triton(x, None, weight, eps)[1]
 
 
 def add_rms_norm_triton(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _norm_triton(x, residual, weight, eps)
+
+
+def _norm_triton(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + residual, its norm) in one kernel; without a residual, (x, norm of x)."""
     from . import fused_kernels as K
 
-    x2, r2 = _rows(x), _rows(residual)
-    out, s = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for _ in range(2))
-    n = x.shape[-1]
-    block = _pow2(n)
+    x2 = _rows(x)
+    r2 = x2 if residual is None else _rows(residual)
+    s = x if residual is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    n, block = x.shape[-1], _pow2(x.shape[-1])
     if x2.shape[0]:
         K._norm_rows[(x2.shape[0],)](x2, r2, weight, out, s, n, x2.stride(0), r2.stride(0), n, n, eps, 1.0 / n,
-                                   HAS_RES=True, BLOCK=block, num_warps=_warps(block))
+                                   HAS_RES=residual is not None, BLOCK=block, num_warps=_warps(block))
     return s, out
 
 
