@@ -9,6 +9,7 @@ bit. benchmarks/check_fused.py measures bfloat16 on the GPU.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -158,3 +159,43 @@ def test_bad_shapes_are_refused() -> None:
         fused.qk_norm_rope_triton(torch.ones(1, 1, 2, 127), torch.ones(1, 1, 1, 127), None, None, 1e-6, cos, sin)
     with pytest.raises(ValueError, match="same B, T"):
         fused.qk_norm_rope_triton(torch.ones(1, 2, 2, 128), torch.ones(1, 1, 1, 128), None, None, 1e-6, cos, sin)
+
+
+COMPILE = textwrap.dedent(
+    """
+    import json, re, triton
+    from triton.backends.compiler import GPUTarget
+    from models.qwen3_omni import fused_kernels as K
+
+    target = GPUTarget("cuda", 90, 32)  # an H200; compiling needs no GPU, only the bundled ptxas
+    backend = triton.compiler.make_backend(target)
+    NORM = {n: "*bf16" for n in ("x_ptr", "r_ptr", "w_ptr", "out_ptr", "sum_ptr")}
+    NORM |= {n: "i32" for n in ("n", "sx", "sr", "so", "ss")} | {"eps": "fp32", "inv_n": "fp32"}
+    ROPE = {n: "*bf16" for n in ("q_ptr", "k_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_ptr")}
+    ROPE |= {n: "i32" for n in "T HQ sqb sqt sqh skb skt skh scb sct ssb sst".split()}
+    ROPE |= {"eps": "fp32", "inv_d": "fp32"}
+    ptx = {}
+    for name, fn, sig, consts, warps in [
+        ("add_rms_norm", K._norm_rows, NORM, {"HAS_RES": True, "BLOCK": 2048}, 8),
+        ("qk_norm_rope", K._qk_norm_rope, ROPE, {"NORM": True, "HALF": 64, "BLOCK": 64}, 1),
+    ]:
+        sig = {**sig, **dict.fromkeys(consts, "constexpr")}
+        src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts)
+        opts = backend.parse_options({"num_warps": warps, "enable_fp_fusion": False})
+        text = triton.compile(src, target=target, options=opts.__dict__).asm["ptx"]
+        ptx[name] = sorted(set(re.findall(r"\\b(?:cvt|fma|mul|add|sub|rsqrt)\\.[a-z0-9.]*f(?:32|16)\\b", text)))
+    print(json.dumps(ptx))
+    """
+)
+
+
+def test_kernels_compile_for_the_h200_with_eagers_roundings() -> None:
+    """Compiled (not interpreted) for sm_90: bfloat16 rounds to nearest even, products are not fused into FMAs."""
+    if not (Path(importlib.util.find_spec("triton").origin).parent / "backends" / "nvidia").is_dir():
+        pytest.skip("triton has no NVIDIA backend here")
+    proc = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for name, ops in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+        assert "cvt.rn.bf16.f32" in ops and "mul.rn.f32" in ops, (name, ops)
+        assert not any(op.startswith("fma") for op in ops), (name, ops)

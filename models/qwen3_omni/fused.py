@@ -7,6 +7,7 @@ in float32, cast to the input's dtype, then the weight multiply rounded to that 
 products and their sum each rounded to the dtype. Triton runs on CUDA tensors (inference only);
 anything else takes the torch path, which is today's code. Launches depend on shapes only (no host
 sync), so they can be captured in CUDA graphs once warmed up eagerly (the first call compiles).
+No FMA contraction (`enable_fp_fusion=False`): eager's separate multiply and add kernels round twice.
 """
 
 from __future__ import annotations
@@ -89,30 +90,31 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    from . import fused_kernels as K
-
-    x2 = _rows(x)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    n = x.shape[-1]
-    block = _pow2(n)
-    if x2.shape[0]:
-        K._norm_rows[(x2.shape[0],)](x2, x2, weight, out, out, n, x2.stride(0), 0, n, 0, eps, 1.0 / n,
-                                   HAS_RES=False, BLOCK=block, num_warps=_warps(block))
-    return out
+    return _norm_triton(x, None, weight, eps)[1]
 
 
 def add_rms_norm_triton(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _norm_triton(x, residual, weight, eps)
+
+
+def _norm_triton(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + residual, its norm) in one kernel; without a residual, (x, norm of x)."""
     from . import fused_kernels as K
 
-    x2, r2 = _rows(x), _rows(residual)
-    out, s = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for _ in range(2))
-    n = x.shape[-1]
-    block = _pow2(n)
+    x2 = _rows(x)
+    r2 = x2 if residual is None else _rows(residual)
+    s = x if residual is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    n, block = x.shape[-1], _pow2(x.shape[-1])
     if x2.shape[0]:
-        K._norm_rows[(x2.shape[0],)](x2, r2, weight, out, s, n, x2.stride(0), r2.stride(0), n, n, eps, 1.0 / n,
-                                   HAS_RES=True, BLOCK=block, num_warps=_warps(block))
+        K._norm_rows[(x2.shape[0],)](
+            x2, r2, weight, out, s, n, x2.stride(0), r2.stride(0), n, n, eps, 1.0 / n,
+            HAS_RES=residual is not None, BLOCK=block, num_warps=_warps(block), enable_fp_fusion=False,
+        )
     return s, out
 
 
@@ -135,6 +137,6 @@ def qk_norm_rope_triton(
         K._qk_norm_rope[(b * t, hq + hkv)](
             q, k, q_weight if norm else q, k_weight if norm else k, cos, sin, qo, ko, t, hq,
             *q.stride()[:3], *k.stride()[:3], *cos.stride()[:2], *sin.stride()[:2], eps, 1.0 / d,
-            NORM=norm, HALF=d // 2, BLOCK=block, num_warps=_warps(block),
+            NORM=norm, HALF=d // 2, BLOCK=block, num_warps=_warps(block), enable_fp_fusion=False,
         )
     return qo, ko
