@@ -22,7 +22,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.qwen3_omni import fused  # noqa: E402
-from models.qwen3_omni.layers import RMSNorm, Rope, apply_rope  # noqa: E402
+from models.qwen3_omni.fused import rms_norm_torch  # noqa: E402
+from models.qwen3_omni.fused import rope_torch as apply_rope  # noqa: E402
+from models.qwen3_omni.layers import RMSNorm, Rope  # noqa: E402
 
 MODELS = {"thinker": (2048, 32, 4, 1e-6), "talker": (1024, 16, 2, 1e-6), "code_predictor": (1024, 16, 8, 1e-6)}
 D, REPS, PER_GRAPH, BATCHES = 128, 200, 20, (1, 64)
@@ -103,9 +105,13 @@ def model_cases(model: str, hidden: int, hq: int, hkv: int, eps: float, info: di
         m.weight.copy_(1 + 0.2 * torch.randn_like(m.weight))
 
     def eager_qk(q, k, cos, sin):
-        return apply_rope(qn(q), cos, sin), apply_rope(kn(k), cos, sin)
+        q, k = rms_norm_torch(q, qn.weight, eps), rms_norm_torch(k, kn.weight, eps)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
-    c_norm = try_(info, f"compile_norm[{model}]", lambda: torch.compile(norm, dynamic=False))
+    def eager_norm(x):  # RMSNorm.forward's torch path (the module itself takes the fused kernel on CUDA)
+        return rms_norm_torch(x, norm.weight, eps)
+
+    c_norm = try_(info, f"compile_norm[{model}]", lambda: torch.compile(eager_norm, dynamic=False))
     c_qk = try_(info, f"compile_qk[{model}]", lambda: torch.compile(eager_qk, dynamic=False))
 
     def at_batch(b: int) -> list[dict]:
@@ -117,10 +123,10 @@ def model_cases(model: str, hidden: int, hq: int, hkv: int, eps: float, info: di
         w = norm.weight
         return [
             case("rms_norm", model, b, {
-                "eager": lambda: norm(x), "fused": lambda: fused.rms_norm(x, w, eps),
+                "eager": lambda: eager_norm(x), "fused": lambda: fused.rms_norm(x, w, eps),
                 "F.rms_norm": lambda: F.rms_norm(x, (hidden,), w, eps), "compiled": lambda: c_norm(x)}),
             case("add_rms_norm", model, b, {
-                "eager": lambda: (x + r, norm(x + r)), "fused": lambda: fused.add_rms_norm(x, r, w, eps)}),
+                "eager": lambda: (x + r, eager_norm(x + r)), "fused": lambda: fused.add_rms_norm(x, r, w, eps)}),
             case("qk_norm_rope", model, b, {
                 "eager": lambda: eager_qk(q, k, cos, sin),
                 "fused": lambda: fused.qk_norm_rope(q, k, qn.weight, kn.weight, eps, cos, sin),
