@@ -31,13 +31,18 @@ def bucket_for(n: int, buckets: tuple[int, ...]) -> int:
     raise ValueError(f"batch of {n} rows exceeds the largest bucket {buckets[-1]}")
 
 
+PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512)  # token counts of one sequence's fixed-shape prefill
+
+
 @dataclass(frozen=True)
 class Input:
-    """A static input: per-row shape, dtype, and the value padding rows get."""
+    """A static input: per-row shape, dtype, and the value padding rows get. `rows` False: one value for
+    the whole call (shape as given, e.g. the sequence's block table in a one-sequence prefill)."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype
     pad: float | int | bool = 0
+    rows: bool = True
 
 
 class GraphRunner:
@@ -50,7 +55,8 @@ class GraphRunner:
         self.spec = dict(inputs)
         top = buckets[-1]
         self.buffers: Tensors = {
-            k: torch.full((top, *s.shape), s.pad, dtype=s.dtype, device=device) for k, s in inputs.items()
+            k: torch.full((top, *s.shape) if s.rows else s.shape, s.pad, dtype=s.dtype, device=device)
+            for k, s in inputs.items()
         }
         self.graphs_on = graphs and self.device.type == "cuda"
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensors]] = {}
@@ -63,7 +69,7 @@ class GraphRunner:
         return self.buckets[-1]
 
     def views(self, b: int) -> Tensors:
-        return {k: v[:b] for k, v in self.buffers.items()}
+        return {k: v[:b] if self.spec[k].rows else v for k, v in self.buffers.items()}
 
     def capture(self, pool: object | None = None) -> object | None:
         """Capture every bucket, largest first, sharing `pool` (returned for the next runner)."""
@@ -89,10 +95,11 @@ class GraphRunner:
         return pool
 
     def __call__(self, n: int, rows: Mapping[str, torch.Tensor | np.ndarray | list]) -> Tensors:
-        """Run n real rows: `rows[name]` holds their values of input `name` (each input must be given)."""
+        """Run n real rows: `rows[name]` holds their values of input `name` (each input must be given).
+        Outputs with a row per bucket row come back as their first n rows, others whole."""
         b = bucket_for(n, self.buckets)
         for k, value in rows.items():
-            dst = self.buffers[k][:n]
+            dst = self.buffers[k][:n] if self.spec[k].rows else self.buffers[k]
             if isinstance(value, torch.Tensor):
                 dst.copy_(value.reshape(dst.shape), non_blocking=True)
             else:
@@ -106,9 +113,10 @@ class GraphRunner:
             graph.replay()
         else:
             out = self.step(self.views(b))
-        return {k: v[:n].clone() for k, v in out.items()}
+        return {k: (v[:n] if v.dim() and v.shape[0] == b else v).clone() for k, v in out.items()}
 
     def _pad(self, n: int, b: int) -> None:
         if n < b:
             for k, s in self.spec.items():
-                self.buffers[k][n:b].fill_(s.pad)
+                if s.rows:
+                    self.buffers[k][n:b].fill_(s.pad)

@@ -1,9 +1,10 @@
-"""Qwen3-Omni's decode steps as pure functions of static tensors: what the graph runner captures.
+"""Qwen3-Omni's fixed-shape steps as pure functions of static tensors: what the graph runner captures.
 
-`thinker_decode`: one reply token per row (decoder stack over the paged cache, lm_head, sampling) and
-what the later stages need of it (its embedding, its talker text row). `talker_frame`: one whole codec
+`ThinkerDecode`: one reply token per row (decoder stack over the paged cache, lm_head, sampling) and
+what the later stages need of it (its embedding, its talker text row). `TalkerFrame`: one whole codec
 frame per row (talker step, codec head, sampling with the repetition penalty, the 15 code-predictor
-steps with their sampling, and the embedding sum that feeds the next frame). Inputs and outputs are
+steps with their sampling, and the embedding sum that feeds the next frame). `ThinkerPrefill` and
+`TalkerPrefill`: one sequence's new tokens (a token bucket), ending in the same token or frame. Inputs and outputs are
 tensors whose shapes depend only on the batch bucket; rows are independent, so padding rows change
 no real row's result.
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipelines.decode_kv import DecodeKV, decode_inputs
+from pipelines.decode_kv import DecodeKV, PrefillKV, decode_inputs, prefill_inputs
 from pipelines.graphs import Input, Tensors
 from pipelines.kv_cache import PagedKVCache
 from pipelines.sampling import gumbel_noise
@@ -38,10 +39,14 @@ class ThinkerDecode:
                 "step": Input((), torch.long), "no_eos": Input((), torch.bool, False)}
 
     def __call__(self, b: Tensors) -> Tensors:
-        thinker, talker = self.model.thinker, self.model.talker
         kv = DecodeKV(self.cache, b)
-        hidden, _ = thinker(b["x"], kv.positions, kv)
-        logits = thinker.logits(hidden[:, -1])[:, : self.vocab]
+        hidden, _ = self.model.thinker(b["x"], kv.positions, kv)
+        return self.token(hidden[:, -1], b)
+
+    def token(self, hidden: torch.Tensor, b: Tensors) -> Tensors:
+        """The token sampled from the thinker's last hidden states [B, H] (rows as `b`'s)."""
+        thinker, talker = self.model.thinker, self.model.talker
+        logits = thinker.logits(hidden)[:, : self.vocab]
         suppress = b["no_eos"][:, None] & self._eos(logits.shape[-1], logits.device)
         ids = static_sampler(b, "s")(logits, b["step"], suppress=suppress)
         embeds = thinker.embed(ids)
@@ -70,9 +75,12 @@ class TalkerFrame:
                 "no_eos": Input((), torch.bool, False)}
 
     def __call__(self, b: Tensors) -> Tensors:
-        talker = self.model.talker
         kv = DecodeKV(self.cache, b)
-        hidden = talker(b["x"], kv.positions, kv)[:, -1]
+        return self.frame(self.model.talker(b["x"], kv.positions, kv)[:, -1], b)
+
+    def frame(self, hidden: torch.Tensor, b: Tensors) -> Tensors:
+        """The codec frame chosen from the talker's last hidden states [B, H] (rows as `b`'s)."""
+        talker = self.model.talker
         logits = talker.codec_logits(hidden)
         eos = torch.arange(logits.shape[-1], device=logits.device)[None, :] == self.eos
         suppress = self.suppress[None, :] | (b["no_eos"][:, None] & eos)
@@ -84,3 +92,46 @@ class TalkerFrame:
         frame = talker.next_frame(hidden, code0, lambda lg, i: predictor(lg, steps[:, i], gumbel=noise[:, i]))
         self.seen[b["slot"], code0] = torch.ones_like(code0, dtype=torch.bool)  # a device value: capturable
         return {"codes": frame.codes, "embed_sum": frame.embed_sum, "bad": logits.isnan().any(dim=-1)}
+
+
+def _prefill_inputs(h: int, dtype: torch.dtype, max_blocks: int, scratch_slot: int) -> dict[str, Input]:
+    """One sequence's new tokens (rows) and what it samples from its last one."""
+    return {"x": Input((h,), dtype), **prefill_inputs(max_blocks, scratch_slot),
+            "last": Input((1,), torch.long, 0, rows=False), "no_eos": Input((1,), torch.bool, False, rows=False)}
+
+
+@dataclass
+class ThinkerPrefill:
+    """One sequence's prefill (bucket of tokens): its first reply token as `ThinkerDecode` samples it,
+    and `captured`, the hidden states entering `capture_layer` (the talker's user rows)."""
+
+    decode: ThinkerDecode
+    capture_layer: int
+
+    def inputs(self, dtype: torch.dtype, max_blocks: int, scratch_slot: int) -> dict[str, Input]:
+        h = self.decode.model.cfg.thinker.text.hidden_size
+        return {**_prefill_inputs(h, dtype, max_blocks, scratch_slot), **sampling_inputs("s", rows=False),
+                "step": Input((1,), torch.long, 0, rows=False)}
+
+    def __call__(self, b: Tensors) -> Tensors:
+        kv = PrefillKV(self.decode.cache, b)
+        hidden, captured = self.decode.model.thinker(b["x"][None], kv.positions, kv, self.capture_layer)
+        return {"captured": captured[0], **self.decode.token(hidden[0].index_select(0, b["last"]), b)}
+
+
+@dataclass
+class TalkerPrefill:
+    """One talker stream's prefill (bucket of tokens) and the frame from its last one."""
+
+    frame: TalkerFrame
+
+    def inputs(self, dtype: torch.dtype, max_blocks: int, scratch_slot: int, scratch_row: int) -> dict[str, Input]:
+        h = self.frame.model.cfg.talker.text.hidden_size
+        return {**_prefill_inputs(h, dtype, max_blocks, scratch_slot), **sampling_inputs("t", rows=False),
+                **sampling_inputs("p", rows=False), "frame": Input((1,), torch.long, 0, rows=False),
+                "slot": Input((1,), torch.long, scratch_row, rows=False)}
+
+    def __call__(self, b: Tensors) -> Tensors:
+        kv = PrefillKV(self.frame.cache, b)
+        hidden = self.frame.model.talker(b["x"][None], kv.positions, kv)[0]
+        return self.frame.frame(hidden.index_select(0, b["last"]), b)

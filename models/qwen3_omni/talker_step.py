@@ -11,14 +11,14 @@ from __future__ import annotations
 import torch
 
 from pipelines import decode_kv
-from pipelines.graphs import GraphRunner, Tensors
+from pipelines.graphs import PREFILL_BUCKETS, GraphRunner, Tensors
 from pipelines.kv_cache import BatchKV, PagedKVCache
 from pipelines.sampling import Sampler, SamplingParams
 from pipelines.stage import StageConfig
 from pipelines.step_sampling import sampling_rows
 
 from .conversation import TurnState
-from .forward import TalkerFrame
+from .forward import TalkerFrame, TalkerPrefill
 from .model import Qwen3Omni
 from .stages import GREEDY, NAN_MESSAGE, TalkerWork, last_rows, nan_rows, pad_rows
 from .talker_prompt import assistant_prefix
@@ -45,9 +45,12 @@ class TalkerStep:
         step = TalkerFrame(model, kv, self.seen, self.suppress, self.eos)
         self.graph = GraphRunner("talker", step, step.inputs(dtype, self.width, kv.scratch_slot, slots), self.device,
                                  sc.buckets, sc.graphs)
+        prefill = TalkerPrefill(step)
+        self.prefill = GraphRunner("talker_prefill", prefill, prefill.inputs(dtype, self.width, kv.scratch_slot, slots),
+                                   self.device, PREFILL_BUCKETS, sc.graphs)
 
     def capture(self, pool: object | None) -> object | None:
-        return self.graph.capture(pool)
+        return self.prefill.capture(self.graph.capture(pool))
 
     def prompt(self, turn: TurnState) -> torch.Tensor:
         cfg = self.model.cfg
@@ -89,6 +92,29 @@ class TalkerStep:
         return True
 
     def run(self, works: list[TalkerWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
+        """Each stream that fits a token bucket alone through the fixed-shape prefill; the rest eagerly."""
+        rest = [(w, n) for w, n in zip(works, lengths, strict=True) if not self._prefill(w, n)]
+        if len(rest) == len(works):
+            self._eager(works, lengths, kv)
+        elif rest:
+            self._eager([w for w, _ in rest], [n for _, n in rest], self.kv.batch([(w.key, n) for w, n in rest]))
+
+    def _prefill(self, w: TalkerWork, n: int) -> bool:
+        if n > self.prefill.max_batch or len(self.kv.seqs[w.key].blocks) > self.width:
+            return False
+        if not self._slots([w]):
+            return True  # failed alone (no stream slot)
+        o = w.turn.options
+        rows = decode_kv.prefill_rows(self.kv, w.key, n, self.width) | {
+            "x": w.inputs.tail(self.kv.length(w.key))[:n], "last": [n - 1], "frame": [len(w.turn.codes)],
+            "slot": [w.slot], "no_eos": [o.ignore_eos],
+            **sampling_rows("t", [greedy_talker(o.talker) if o.greedy else o.talker]),
+            **sampling_rows("p", [GREEDY if o.greedy else o.predictor]),
+        }
+        self._commit([w], self.prefill(n, rows))
+        return True
+
+    def _eager(self, works: list[TalkerWork], lengths: list[int], kv: BatchKV) -> None:
         talker = self.model.talker
         pasts = [w.kv.length(w.key) for w in works]
         x = pad_rows([w.inputs.tail(p)[:n] for w, p, n in zip(works, pasts, lengths, strict=True)])

@@ -10,13 +10,13 @@ from __future__ import annotations
 import torch
 
 from pipelines import decode_kv
-from pipelines.graphs import GraphRunner, Tensors
+from pipelines.graphs import PREFILL_BUCKETS, GraphRunner, Tensors
 from pipelines.kv_cache import BatchKV, PagedKVCache
 from pipelines.sampling import Sampler
 from pipelines.stage import StageConfig
 from pipelines.step_sampling import sampling_rows
 
-from .forward import ThinkerDecode
+from .forward import ThinkerDecode, ThinkerPrefill
 from .model import Qwen3Omni
 from .stages import GREEDY, NAN_MESSAGE, ThinkerWork, last_rows, nan_rows, pad_rows
 from .talker_prompt import TtsEmbeds, tts_embeds, tts_token_ids, user_mask
@@ -34,9 +34,12 @@ class ThinkerStep:
         step = ThinkerDecode(model, kv, vocab)
         self.graph = GraphRunner("thinker", step, step.inputs(dtype, self.width, kv.scratch_slot), self.device,
                                  sc.buckets, sc.graphs)
+        prefill = ThinkerPrefill(step, self.capture_layer)
+        self.prefill = GraphRunner("thinker_prefill", prefill, prefill.inputs(dtype, self.width, kv.scratch_slot),
+                                   self.device, PREFILL_BUCKETS, sc.graphs)
 
     def capture(self, pool: object | None) -> object | None:
-        return self.graph.capture(pool)
+        return self.prefill.capture(self.graph.capture(pool))
 
     def decode(self, works: list[ThinkerWork]) -> bool:
         """One reply token per row through the fixed-shape step; False if a row is not a plain decode."""
@@ -56,6 +59,29 @@ class ThinkerStep:
         return True
 
     def run(self, works: list[ThinkerWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
+        """Each sequence that fits a token bucket alone through the fixed-shape prefill; the rest (longer
+        prompts) in one padded eager batch."""
+        rest = [(w, n) for w, n in zip(works, lengths, strict=True) if not self._prefill(w, n)]
+        if len(rest) == len(works):
+            self._eager(works, lengths, kv)
+        elif rest:
+            self._eager([w for w, _ in rest], [n for _, n in rest], self.kv.batch([(w.key, n) for w, n in rest]))
+
+    def _prefill(self, w: ThinkerWork, n: int) -> bool:
+        if n > self.prefill.max_batch or len(self.kv.seqs[w.key].blocks) > self.width:
+            return False
+        past = self.kv.length(w.key)
+        x = w.turn.session.embeds.tail(past)[:n]
+        rows = decode_kv.prefill_rows(self.kv, w.key, n, self.width) | {
+            "x": x, "last": [n - 1], "step": [len(w.turn.reply_ids)], "no_eos": [w.turn.options.ignore_eos],
+            **sampling_rows("s", [w.turn.options.thinker or GREEDY]),
+        }
+        out = self.prefill(n, rows)
+        self._talker_user_rows(w, past, n, x, out["captured"])
+        self._commit([w], out)
+        return True
+
+    def _eager(self, works: list[ThinkerWork], lengths: list[int], kv: BatchKV) -> None:
         thinker, talker = self.model.thinker, self.model.talker
         pasts = [w.kv.length(w.key) for w in works]
         x = pad_rows([w.turn.session.embeds.tail(p)[:n] for w, p, n in zip(works, pasts, lengths, strict=True)])
