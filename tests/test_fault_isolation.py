@@ -230,12 +230,13 @@ def fail_step(monkeypatch, stage) -> list[set[str]]:
 
 
 def poison_rows(monkeypatch, stage, model, method: str) -> list[int]:
-    """In the stage's first step that batches the victim with another turn, the victim's row of
-    `model.method`'s output becomes NaN; returns the batch size it happened at."""
+    """In the stage's first decode step that batches the victim with another turn, the victim's row of
+    `model.method`'s output becomes NaN; returns the batch size it happened at. (A decode step computes
+    its rows' logits in one call, in batch order; prefills run one sequence per call.)"""
     real_run, real_out, rows, fired = stage.runner.run, getattr(model, method), [], []
 
     def run(batch):
-        mixed = len(batch.works) > 1 and not fired and any(mine(w) for w in batch.works)
+        mixed = not batch.prefill and len(batch.works) > 1 and not fired and any(mine(w) for w in batch.works)
         rows[:] = [i for i, w in enumerate(batch.works) if mine(w)] if mixed else []
         if mixed:
             fired.append(len(batch.works))
@@ -286,7 +287,9 @@ def test_a_step_that_raises_fails_only_its_batch(pipeline, monkeypatch, stage):
 def test_a_nan_row_ends_that_turn_alone(pipeline, monkeypatch, stage, model, method):
     p = pipeline.program
     fired = poison_rows(monkeypatch, p.by_name[stage], getattr(p.model, model), method)
-    long = GenerationOptions(greedy=True, max_text_tokens=8, max_frames=8, ignore_eos=True)  # they overlap
+    # long enough to overlap: the victim's first audio makes its stream urgent, so the others' prefills
+    # wait until it has a quarter second buffered
+    long = GenerationOptions(greedy=True, max_text_tokens=30, max_frames=30, ignore_eos=True)
     events, mate, bystander = together(pipeline, spoken(VICTIM, 3, long), spoken(MATE, 4, long),
                                        spoken(BYSTANDER, 1))
     assert fired and fired[0] >= 2, "the victim never shared a batch"
