@@ -85,7 +85,7 @@ class SessionTrail:
             if err.get("code") == "session_expired":
                 self.reason = "expired"
             event("client_error", logging.WARNING, session=self.id, code=err.get("code"),
-                  message=err.get("message"), client_event=err.get("event_id"))
+                  detail=err.get("message"), client_event=err.get("event_id"))
 
     def closed(self, close_code: int | None) -> None:
         self.metrics.active_responses -= self.active  # responses cut off with the socket
