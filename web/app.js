@@ -57,12 +57,19 @@ function showError(text) {
 }
 
 // -- event log ----------------------------------------------------------------------------------
+const streaming = (type) => type.endsWith('.delta') || type === 'input_audio_buffer.append';
+
 function logEvent(dir, type) {
   const ms = Math.round(performance.now() - (t0 ?? performance.now()));
-  const last = ui.events.lastElementChild;
-  if (last && last.dataset.dir === dir && last.dataset.type === type) { // audio deltas and appends: one row
-    last.dataset.count = Number(last.dataset.count) + 1;
-    last.querySelector('.n').textContent = `×${last.dataset.count}`;
+  let same = null; // streams of deltas and appends (interleaved with each other) fold into one row each
+  for (let r = ui.events.lastElementChild, n = 0; streaming(type) && r && streaming(r.dataset.type) && n < 6;
+    r = r.previousElementSibling, n++) {
+    if (r.dataset.dir === dir && r.dataset.type === type) { same = r; break; }
+  }
+  if (same) {
+    same.dataset.count = Number(same.dataset.count) + 1;
+    same.querySelector('.n').textContent = `×${same.dataset.count}`;
+    same.title = `last at ${(ms / 1000).toFixed(3)} s`;
     return;
   }
   const row = document.createElement('li');
@@ -365,7 +372,8 @@ const contentText = (item) => (item.content || []).map((c) => c.text ?? c.transc
 const HANDLERS = {
   'session.created': () => send(sessionUpdate(settings())),
   'session.updated': () => { ready = true; if (!activeResponse) setState('ready', idleText()); },
-  'input_audio_buffer.speech_started': () => { interrupt(); setState('user', 'Hearing you…'); },
+  // the server cancels its response itself (interrupt_response): the page stops playback and truncates
+  'input_audio_buffer.speech_started': () => { stopPlayback(); setState('user', 'Hearing you…'); },
   'input_audio_buffer.speech_stopped': () => setState('thinking', 'Thinking…'),
   'input_audio_buffer.committed': (ev) => { turnStart = performance.now(); bubble(ev.item_id, 'user'); },
   'conversation.item.added': (ev) => {
