@@ -133,7 +133,7 @@ def generate(args: argparse.Namespace) -> int:
         samples, rate = read_wav(args.audio)
         audio = resample(samples, rate, 16000) if rate != 16000 else samples
     if audio is None and not args.text:
-        raise UsageError("generate: give --audio, --text or both")
+        raise UsageError("give --audio, --text or both")
     messages.append(Message("user", args.text, audio))
     opts = GenerationOptions(
         audio=not args.no_audio, speaker=args.speaker, greedy=args.greedy, seed=args.seed,
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         text = str(e) if isinstance(e, UsageError | OSError | ValueError) else f"{type(e).__name__}: {e}"
-        hint = "" if isinstance(e, UsageError) else " (--debug shows the traceback)"
+        hint = "" if isinstance(e, UsageError | OSError) else " (--debug shows the traceback)"
         print(f"omni-realtime {args.command}: error: {text}{hint}", file=sys.stderr)
         return 2
 
