@@ -1,4 +1,6 @@
-"""The `omni-realtime` command: `serve` (the gateway) and `generate` (one offline turn, same pipeline)."""
+"""The `omni-realtime` command: `serve` (the gateway) and `generate` (one offline turn, same pipeline).
+
+Errors are one line on stderr and exit code 2 (`--debug` shows the traceback)."""
 
 from __future__ import annotations
 
@@ -6,37 +8,80 @@ import argparse
 import json
 import logging
 import os
+import socket
+import ssl
 import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import numpy as np
-import torch
+
+from . import logs
+
+TINY_REPLY_TOKENS, TINY_REPLY_FRAMES = 32, 50  # the tiny random model never stops by itself: 4 s of speech
+
+
+class UsageError(Exception):
+    """A mistake in what the user asked for: printed as one line, exit code 2."""
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    def _get_help_string(self, action: argparse.Action) -> str:  # only defaults the help text does not state
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
 
 
 def default_device() -> str:
+    import torch
+
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def package_version() -> str:
+    try:
+        return version("omni-realtime")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", help="checkpoint directory, or 'tiny' for the built-in test model")
     p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="weights and activations (default: bfloat16 on cuda, float32 on cpu)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level")
+    p.add_argument("--log-json", action="store_true", help="log one JSON object per line")
+    p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="omni-realtime", description="Qwen3-Omni realtime voice server")
+    ap.add_argument("--version", action="version", version=f"omni-realtime {package_version()}")
     sub = ap.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the OpenAI-Realtime-compatible WebSocket server")
-    add_model_args(serve)
+    serve = sub.add_parser("serve", help="run the OpenAI-Realtime-compatible WebSocket server",
+                           formatter_class=HelpFormatter,
+                           description="Serve the Realtime protocol at /v1/realtime and the browser demo at /. "
+                                       f"With --model tiny a reply stops after {TINY_REPLY_TOKENS} text tokens "
+                                       "(unless the client sets max_output_tokens) and "
+                                       f"{TINY_REPLY_FRAMES * 80 / 1000:g} s of speech; checkpoints keep the "
+                                       "model's limits (1024 tokens, 120 s).")
+    add_common_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    serve.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    serve.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
     serve.add_argument("--api-key", default=os.environ.get("OMNI_REALTIME_API_KEY"),
-                       help="require this key (Bearer header or browser subprotocol); env OMNI_REALTIME_API_KEY")
+                       help="require this key (Bearer header or browser subprotocol) "
+                            "(default: env OMNI_REALTIME_API_KEY, else no key)")
+    serve.add_argument("--ssl-certfile", help="serve HTTPS/WSS with this PEM certificate (browsers on other "
+                                              "machines need HTTPS for the microphone)")
+    serve.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")
     serve.add_argument("--max-sessions", type=int, default=32, help="beyond this, new sockets close with 1013")
     serve.add_argument("--max-session-minutes", type=float, default=60.0, help="a session's longest life")
     serve.add_argument("--model-name", default="qwen3-omni", help="the model id that /v1/models reports")
-    gen = sub.add_parser("generate", help="answer one turn offline through the streaming pipeline")
-    add_model_args(gen)
+    gen = sub.add_parser("generate", help="answer one turn offline through the streaming pipeline",
+                         formatter_class=HelpFormatter)
+    add_common_args(gen)
     gen.add_argument("--audio", help="input WAV (16-bit PCM or float32, any rate, mono or stereo)")
     gen.add_argument("--text", default="", help="user text (after the audio, when both are given)")
     gen.add_argument("--system", default=None, help="system prompt (default: none)")
@@ -51,9 +96,31 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def check_model(model: str) -> None:
+    """Fail early, naming the file, on a model path that cannot load."""
+    if model == "tiny":
+        return
+    path = Path(model)
+    if not path.is_dir():
+        raise UsageError(f"--model {model}: no such directory (give a checkpoint directory, or 'tiny')")
+    config = path / "config.json"
+    if not config.is_file():
+        raise UsageError(f"--model {model}: no config.json in that directory")
+    try:
+        json.loads(config.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{config}: not valid JSON ({e})") from None
+
+
+def build(args: argparse.Namespace):
+    check_model(args.model)
+    from models.registry import build_pipeline
+
+    return build_pipeline(args.model, args.device or default_device(), args.dtype)
+
+
 def generate(args: argparse.Namespace) -> int:
     from models.qwen3_omni.audio_features import resample
-    from models.registry import build_pipeline
     from pipelines.types import AudioChunk, GenerationOptions, Message, TextDelta, Turn, TurnDone, TurnError
 
     from .wav import read_wav, write_wav
@@ -66,14 +133,13 @@ def generate(args: argparse.Namespace) -> int:
         samples, rate = read_wav(args.audio)
         audio = resample(samples, rate, 16000) if rate != 16000 else samples
     if audio is None and not args.text:
-        print("generate: give --audio, --text or both", file=sys.stderr)
-        return 2
+        raise UsageError("give --audio, --text or both")
     messages.append(Message("user", args.text, audio))
     opts = GenerationOptions(
         audio=not args.no_audio, speaker=args.speaker, greedy=args.greedy, seed=args.seed,
         max_text_tokens=args.max_text_tokens, max_frames=args.max_frames,
     )
-    with build_pipeline(args.model, args.device or default_device(), args.dtype) as pipeline:
+    with build(args) as pipeline:
         events = pipeline.run(Turn("cli", messages, opts))
     end = events[-1]
     if isinstance(end, TurnError):
@@ -97,26 +163,73 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parser().parse_args(argv)
-    if args.command == "generate":
-        return generate(args)
-    return serve(args)
+    logs.setup(args.log_level, args.log_json)
+    try:
+        return generate(args) if args.command == "generate" else serve(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:
+        if args.debug:
+            raise
+        text = str(e) if isinstance(e, UsageError | OSError | ValueError) else f"{type(e).__name__}: {e}"
+        hint = "" if isinstance(e, UsageError | OSError) else " (--debug shows the traceback)"
+        print(f"omni-realtime {args.command}: error: {text}{hint}", file=sys.stderr)
+        return 2
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """Bind now, before the model loads, so a port in use is a one-line error at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=128)
+    except OSError as e:
+        raise UsageError(f"cannot listen on {host}:{port}: {os.strerror(e.errno) if e.errno else e} "
+                         "(is another server running there? pick another --port)") from None
+
+
+def tls(args: argparse.Namespace) -> ssl.SSLContext | None:
+    if not args.ssl_certfile and not args.ssl_keyfile:
+        return None
+    if not args.ssl_certfile:
+        raise UsageError("--ssl-keyfile needs --ssl-certfile")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+    except (OSError, ssl.SSLError) as e:
+        raise UsageError(f"cannot load the TLS certificate {args.ssl_certfile}: {e.strerror or e}") from None
+    return ctx
 
 
 def serve(args: argparse.Namespace) -> int:
-    from models.registry import build_pipeline
-
     from .server import ServerConfig, run
+    from .session import Limits
 
     if args.max_sessions < 1 or args.max_session_minutes <= 0:
-        print("serve: --max-sessions and --max-session-minutes must be positive", file=sys.stderr)
-        return 2
-    pipeline = build_pipeline(args.model, args.device or default_device(), args.dtype)
+        raise UsageError("--max-sessions and --max-session-minutes must be positive")
+    ssl_context = tls(args)
+    sock = listen(args.host, args.port)
+    pipeline = build(args)
+    limits = Limits(max_text_tokens=TINY_REPLY_TOKENS, max_frames=TINY_REPLY_FRAMES) if args.model == "tiny" \
+        else Limits()
     cfg = ServerConfig(model_name=args.model_name, api_key=args.api_key or None, max_sessions=args.max_sessions,
-                       max_session_s=args.max_session_minutes * 60)
-    run(pipeline, cfg, args.host, args.port)
+                       max_session_s=args.max_session_minutes * 60, limits=limits)
+    startup_line(args, sock, ssl_context is not None)
+    run(pipeline, cfg, sock, ssl_context)
     return 0
+
+
+def startup_line(args: argparse.Namespace, sock: socket.socket, https: bool) -> None:
+    port = sock.getsockname()[1]
+    host = socket.gethostname() if args.host in ("0.0.0.0", "::", "") else args.host
+    host = f"[{host}]" if ":" in host else host
+    device = args.device or default_device()
+    logs.event("serving", demo=f"{'https' if https else 'http'}://{host}:{port}/", model=args.model,
+               device=device, dtype=args.dtype or ("bfloat16" if device.startswith("cuda") else "float32"),
+               api_key="required" if args.api_key else "none", version=package_version())
+    if not https and args.host not in ("127.0.0.1", "localhost", "::1"):
+        logs.event("no_tls", logging.WARNING, note="browsers on other machines may use the microphone only over "
+                   "HTTPS: add --ssl-certfile/--ssl-keyfile")
 
 
 if __name__ == "__main__":

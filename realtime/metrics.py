@@ -1,60 +1,105 @@
-"""Prometheus text metrics: sessions, time to first audio, real-time factor, errors."""
+"""Prometheus metrics of the gateway and the engine, exposed through prometheus_client."""
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from pipelines.pipeline import Pipeline
 
 TTFA_BUCKETS_S = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0)
+RTF_BUCKETS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+ENGINE_TIMEOUT_S = 2.0
+disable_created_metrics()  # no *_created series: they double the families a reader sees
 
 
-@dataclass
+@dataclass(frozen=True)
+class EngineStats:
+    kv_used: dict[str, int]  # stage name -> KV blocks in use
+    kv_total: dict[str, int]
+    steps: dict[str, int]  # stage name -> batches run
+    busy_s: dict[str, float]  # stage name -> seconds spent running them
+
+
+def engine_stats(pipeline: Pipeline) -> EngineStats:
+    """Read the engine's counters. Runs on the engine thread: `pipeline.request(lambda: engine_stats(p))`."""
+    stages = pipeline.program.stages
+    return EngineStats(
+        kv_used=pipeline.program.kv_check(),
+        kv_total={s.name: s.kv.layout.num_blocks for s in stages if s.kv is not None},
+        steps={s.name: s.runner.steps for s in stages},
+        busy_s={s.name: s.runner.busy_s for s in stages},
+    )
+
+
 class Metrics:
-    sessions: int = 0
-    sessions_total: int = 0
-    rejected_total: int = 0
-    responses_total: int = 0
-    ttfa_counts: list[int] = field(default_factory=lambda: [0] * (len(TTFA_BUCKETS_S) + 1))
-    ttfa_sum: float = 0.0
-    rtf_last: float = 0.0
-    rtf_sum: float = 0.0
-    rtf_count: int = 0
-    errors: Counter = field(default_factory=Counter)
+    """What the gateway counts. The session counts are plain ints the server updates; they are read at scrape."""
+
+    def __init__(self) -> None:
+        self.sessions = 0
+        self.sessions_total = 0
+        self.rejected_total = 0
+        self.active_responses = 0
+        self.engine: EngineStats | None = None
+        self.registry = CollectorRegistry()
+        self._ttfa = Histogram("omni_time_to_first_audio_seconds",
+                               "From the end of the user's turn (commit, or response.create) to the first audio delta.",
+                               buckets=TTFA_BUCKETS_S, registry=self.registry)
+        self._rtf = Histogram("omni_rtf", "Real-time factor of responses (generation time / audio time).",
+                              buckets=RTF_BUCKETS, registry=self.registry)
+        self._errors = Counter("omni_errors", "Errors sent to clients, by code.", ["code"], registry=self.registry)
+        self.registry.register(_Live(self))
 
     def first_audio(self, seconds: float) -> None:
-        self.responses_total += 1
-        self.ttfa_sum += seconds
-        for i, bound in enumerate(TTFA_BUCKETS_S):
-            if seconds <= bound:
-                self.ttfa_counts[i] += 1
-                return
-        self.ttfa_counts[-1] += 1
+        self._ttfa.observe(seconds)
 
     def rtf(self, value: float) -> None:
-        self.rtf_last, self.rtf_sum, self.rtf_count = value, self.rtf_sum + value, self.rtf_count + 1
+        self._rtf.observe(value)
 
     def error(self, code: str) -> None:
-        self.errors[code] += 1
+        self._errors.labels(code=code).inc()
 
-    def render(self) -> str:
-        lines = [
-            "# HELP omni_sessions Open realtime sessions.", "# TYPE omni_sessions gauge",
-            f"omni_sessions {self.sessions}",
-            "# TYPE omni_sessions_total counter", f"omni_sessions_total {self.sessions_total}",
-            "# TYPE omni_sessions_rejected_total counter", f"omni_sessions_rejected_total {self.rejected_total}",
-            "# HELP omni_time_to_first_audio_seconds From commit (or response.create) to the first audio delta.",
-            "# TYPE omni_time_to_first_audio_seconds histogram",
-        ]
-        cumulative = 0
-        for bound, count in zip((*TTFA_BUCKETS_S, float("inf")), self.ttfa_counts, strict=True):
-            cumulative += count
-            le = "+Inf" if bound == float("inf") else f"{bound}"
-            lines.append(f'omni_time_to_first_audio_seconds_bucket{{le="{le}"}} {cumulative}')
-        lines += [f"omni_time_to_first_audio_seconds_sum {self.ttfa_sum}",
-                  f"omni_time_to_first_audio_seconds_count {cumulative}",
-                  "# HELP omni_rtf Real-time factor of responses (generation time / audio time).",
-                  "# TYPE omni_rtf_last gauge", f"omni_rtf_last {self.rtf_last}",
-                  "# TYPE omni_rtf summary", f"omni_rtf_sum {self.rtf_sum}", f"omni_rtf_count {self.rtf_count}",
-                  "# TYPE omni_errors_total counter"]
-        lines += [f'omni_errors_total{{code="{code}"}} {n}' for code, n in sorted(self.errors.items())]
-        return "\n".join(lines) + "\n"
+    async def scrape(self, pipeline: Pipeline) -> bytes:
+        """The exposition text; engine families only when the engine answers within ENGINE_TIMEOUT_S."""
+        self.engine = None
+        if pipeline.alive:
+            try:
+                future = pipeline.request(lambda: engine_stats(pipeline))
+                self.engine = await asyncio.wait_for(asyncio.wrap_future(future), ENGINE_TIMEOUT_S)
+            except Exception:  # a busy or failing engine must not take /metrics down with it
+                self.engine = None
+        return generate_latest(self.registry)
+
+
+class _Live:
+    """Families read from the live state at collection time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.m
+        yield GaugeMetricFamily("omni_sessions_open", "Open realtime sessions.", value=m.sessions)
+        yield CounterMetricFamily("omni_sessions_opened", "Realtime sessions opened.", value=m.sessions_total)
+        yield CounterMetricFamily("omni_sessions_rejected", "Sessions refused at --max-sessions.",
+                                  value=m.rejected_total)
+        yield GaugeMetricFamily("omni_responses_active", "Responses in progress.", value=m.active_responses)
+        if m.engine is None:
+            return
+        e = m.engine
+        families = (
+            (GaugeMetricFamily, "omni_kv_blocks_used", "KV cache blocks in use.", e.kv_used),
+            (GaugeMetricFamily, "omni_kv_blocks_capacity", "KV cache blocks in all.", e.kv_total),
+            (CounterMetricFamily, "omni_engine_steps", "Batches the stage has run.", e.steps),
+            (CounterMetricFamily, "omni_engine_busy_seconds", "Time the stage spent running batches "
+                                                              "(divide by steps for the mean step time).", e.busy_s),
+        )
+        for kind, name, doc, values in families:
+            family = kind(name, doc, labels=["stage"])
+            for stage, v in sorted(values.items()):
+                family.add_metric([stage], v)
+            yield family

@@ -8,6 +8,8 @@ import contextlib
 import hmac
 import json
 import logging
+import socket
+import ssl
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,12 +18,14 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from pipelines.pipeline import Pipeline
 
+from .logs import SessionTrail
 from .metrics import Metrics
 from .session import Limits, RealtimeSession
 
 log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).resolve().parents[1] / "web"
 KEY_PROTOCOL = "openai-insecure-api-key."
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus text exposition
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ class Server:
         return web.json_response({"object": "list", "data": [model]})
 
     async def metrics_text(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.metrics.render(), content_type="text/plain")
+        return web.Response(body=await self.metrics.scrape(self.pipeline), headers={"Content-Type": CONTENT_TYPE})
 
     async def index(self, request: web.Request) -> web.FileResponse:
         return web.FileResponse(WEB_DIR / "index.html")
@@ -113,12 +117,14 @@ class Server:
         too_slow = asyncio.Event()
 
         def send(event: dict) -> None:
+            trail.saw(event)
             if outbox.qsize() >= self.cfg.max_queued_events:
                 too_slow.set()  # never block the pipeline or other sessions on one slow reader
                 return
             outbox.put_nowait(event)
 
         session = RealtimeSession(send, self.pipeline, model, self.metrics, self.cfg.limits)
+        trail = SessionTrail(session.config["id"], model, self.metrics)
         writer = asyncio.create_task(self._write(ws, outbox))
         watchdog = asyncio.create_task(self._watch(ws, session, too_slow))
         session.start()
@@ -130,6 +136,7 @@ class Server:
                     break
         finally:
             await session.close()
+            trail.closed(ws.close_code)
             watchdog.cancel()
             outbox.put_nowait(None)
             with contextlib.suppress(Exception):
@@ -158,8 +165,8 @@ class Server:
             await ws.close(code=WSCloseCode.OK, message=b"session expired")
 
 
-def run(pipeline: Pipeline, cfg: ServerConfig, host: str, port: int) -> None:
+def run(pipeline: Pipeline, cfg: ServerConfig, sock: socket.socket, ssl_context: ssl.SSLContext | None = None) -> None:
+    """Serve on `sock` (bound and listening already: a port in use fails before the model loads)."""
     server = Server(pipeline, cfg)
     with pipeline:
-        log.info("serving %s on http://%s:%d (WebSocket /v1/realtime)", cfg.model_name, host, port)
-        web.run_app(server.app(), host=host, port=port, print=None)
+        web.run_app(server.app(), sock=sock, ssl_context=ssl_context, print=None)

@@ -17,6 +17,7 @@ import torch
 from pipelines.pipeline import Pipeline
 from pipelines.types import GenerationOptions, Message, TextDelta, Turn, TurnDone
 
+from . import logs
 from .audio import AudioFormat, decode, to_model_rate
 from .items import Conversation, Item, item_from_client, to_messages, user_audio_item
 from .metrics import Metrics
@@ -306,6 +307,7 @@ class RealtimeSession:
                 self.sent.extend(i.id for i in response.items)
             if response.audio_samples:
                 self.metrics.rtf((time.perf_counter() - start) / (response.audio_samples / 24000))
+            logs.response_done(self.config["id"], response)
             if self.response is response:
                 self.response = None
             if self.respond_after and self.response is None:

@@ -22,8 +22,8 @@ SERVER_EVENT = TypeAdapter(RealtimeServerEvent)
 
 
 @contextmanager
-def running(pipeline: Pipeline, cfg: ServerConfig) -> Iterator[tuple[str, Server]]:
-    """Serve on 127.0.0.1:<free port>; yields (base_url for the openai SDK, server)."""
+def running(pipeline: Pipeline, cfg: ServerConfig, port: int = 0) -> Iterator[tuple[str, Server]]:
+    """Serve on 127.0.0.1:<port> (0: a free one); yields (base_url for the openai SDK, server)."""
     server = Server(pipeline, cfg)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -32,7 +32,7 @@ def running(pipeline: Pipeline, cfg: ServerConfig) -> Iterator[tuple[str, Server
     async def start() -> tuple[web.AppRunner, int]:
         runner = web.AppRunner(server.app())
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        site = web.TCPSite(runner, "127.0.0.1", port)
         await site.start()
         return runner, site._server.sockets[0].getsockname()[1]
 

@@ -1,5 +1,7 @@
 """The browser demo end to end: real headless Chromium (Debian's `chromium`, driven by playwright) whose fake
 microphone plays a WAV of synthetic speech, talking to the real server on loopback with the tiny model.
+Controls are found by their labels and roles, as a screen reader finds them. Screenshots at 1366x768 and
+390x844 go to .pytest_cache/screenshots/ (the path is printed).
 
 Under CI (CI=true) a missing Chromium or playwright fails these tests; elsewhere they are skipped.
 """
@@ -32,6 +34,8 @@ except ImportError:  # checked in the `chromium` fixture
     sync_playwright, PageTimeout = None, TimeoutError
 
 LIMITS = Limits(max_text_tokens=8, max_frames=8, transcription_tokens=8)
+SHOTS = Path(__file__).resolve().parents[1] / ".pytest_cache" / "screenshots"
+DESKTOP, PHONE = {"width": 1366, "height": 768}, {"width": 390, "height": 844}
 KEY = "browser-test-key"
 TIMEOUT_MS = 60_000  # generous for a loaded 2-core machine; a turn takes about a second here
 FLAGS = [
@@ -83,13 +87,24 @@ def wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """1 s of near-silence, 1.5 s of speech, then 20 s of near-silence, so Chromium's looping of the file
     never starts a second turn within a test."""
     u = speech_in_silence(lead_s=1.0, speech_s=1.5, tail_s=20.0, sr=48000)
-    path = tmp_path_factory.mktemp("mic") / "speech.wav"
+    return write_wav(tmp_path_factory.mktemp("mic") / "speech.wav", u.audio, u.sr)
+
+
+def write_wav(path: Path, audio: np.ndarray, sr: int) -> Path:
     with wave.open(str(path), "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
-        w.setframerate(u.sr)
-        w.writeframes((np.clip(u.audio, -1, 1) * 32767).astype("<i2").tobytes())
+        w.setframerate(sr)
+        w.writeframes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
     return path
+
+
+@pytest.fixture(scope="module")
+def two_turns_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Speech at 1.0-2.5 s, then again at 4.0-5.5 s: the second burst talks over the first reply."""
+    first = speech_in_silence(lead_s=1.0, speech_s=1.5, tail_s=1.5, sr=48000, seed=0)
+    second = speech_in_silence(lead_s=0.0, speech_s=1.5, tail_s=20.0, sr=48000, seed=1)
+    return write_wav(tmp_path_factory.mktemp("mic2") / "two.wav", np.concatenate([first.audio, second.audio]), 48000)
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +129,35 @@ class Browser:
         ws.on("framereceived", lambda payload: self.received.append(json.loads(payload)))
         ws.on("framesent", lambda payload: self.sent.append(json.loads(payload)))
 
+    def button(self, name: str):
+        return self.page.get_by_role("button", name=name, exact=True)
+
+    def wait_state(self, state: str) -> None:
+        self.wait(f"document.body.dataset.state === '{state}'", f"the page reached state {state!r}")
+
+    def sent_of(self, kind: str) -> list[dict]:
+        return [e for e in self.sent if e["type"] == kind]
+
+    def shot(self, name: str) -> Path:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        path = SHOTS / f"{name}.png"
+        self.page.screenshot(path=str(path))
+        print(f"screenshot: {path}")
+        return path
+
+    def check_layout(self) -> None:
+        """The newest message's last line is in view, inside the window; no text overflows its bubble."""
+        box = self.page.evaluate("""() => {
+          const t = document.getElementById('transcript'), last = t.lastElementChild.getBoundingClientRect();
+          const r = t.getBoundingClientRect();
+          const wide = [...t.querySelectorAll('.turn')].filter(b => b.scrollWidth > b.clientWidth + 1
+                         || b.getBoundingClientRect().right > r.right + 1).length;
+          return {last: last.bottom, bottom: r.bottom, height: r.height, win: innerHeight, wide,
+                  page: document.documentElement.scrollWidth, width: innerWidth};
+        }""")
+        assert box["last"] <= box["bottom"] + 1 and box["bottom"] <= box["win"] + 1, box
+        assert box["wide"] == 0 and box["page"] <= box["width"], box  # long tokens wrap; no sideways scroll
+
     def state(self) -> dict:
         return self.page.evaluate("({demo: window.demo, probe: window.probe, state: document.body.dataset.state})")
 
@@ -125,18 +169,27 @@ class Browser:
 
 
 @contextmanager
-def serve_and_browse(pipeline, cfg: ServerConfig, chromium: str, wav: Path, profile: Path) -> Iterator[Browser]:
-    """The server, and a fresh Chromium on its demo page; the browser closes first, always (an open socket
-    would hold up the server's shutdown)."""
-    with running(pipeline, cfg) as (url, _), sync_playwright() as p:
+def browse(chromium: str, wav: Path, profile: Path, viewport: dict = DESKTOP, flags: tuple = ()) -> Iterator[Browser]:
+    """A fresh Chromium profile and one page (not yet opened)."""
+    with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
-            profile, executable_path=chromium, headless=True, args=[*FLAGS, f"--use-file-for-fake-audio-capture={wav}"])
+            profile, executable_path=chromium, headless=True, viewport=viewport,
+            args=[*FLAGS, *flags, f"--use-file-for-fake-audio-capture={wav}"])
         try:
-            b = Browser(context)
-            b.page.goto(url.removesuffix("/v1") + "/")
-            yield b
+            yield Browser(context)
         finally:
             context.close()
+
+
+@contextmanager
+def serve_and_browse(pipeline, cfg: ServerConfig, chromium: str, wav: Path, profile: Path,
+                     viewport: dict = DESKTOP) -> Iterator[Browser]:
+    """The server, and a fresh Chromium on its demo page; the browser closes first, always (an open socket
+    would hold up the server's shutdown)."""
+    with running(pipeline, cfg) as (url, _), browse(chromium, wav, profile, viewport) as b:
+        b.page.goto(url.removesuffix("/v1") + "/")
+        assert b.page.locator("#notice").is_hidden()  # a secure context: no HTTPS notice
+        yield b
 
 
 def is_subsequence(part: list[str], whole: list[str]) -> bool:
@@ -197,55 +250,196 @@ def check_turn(b: Browser, detected: bool) -> dict:
     return s
 
 
-def test_server_vad_turn(pipeline, chromium: str, wav: Path, tmp_path: Path) -> None:
-    """Hands-free: the fake mic's speech is detected, committed and answered with audio the page plays."""
+def test_server_vad_turn_with_settings_log_meter_and_latency(pipeline, chromium: str, wav: Path, tmp_path: Path):
+    """Hands-free, with instructions and VAD settings chosen first: the page sends them, hears the fake mic,
+    shows the turn in the event log, meter and latency readout, and plays the reply; changes apply live."""
     t0 = time.monotonic()
     with serve_and_browse(pipeline, ServerConfig(limits=LIMITS), chromium, wav, tmp_path / "profile") as browser:
         page = browser.page
-        assert page.eval_on_selector("#mode", "e => e.value") == "server_vad"
-        page.click("#talk")
-        browser.wait("document.body.dataset.state === 'ready'", "the session became ready")
+        assert page.get_by_label("Turn taking").input_value() == "server_vad"
+        page.get_by_label("Instructions").fill("Answer in one word.")
+        page.get_by_label("VAD threshold").fill("0.65")
+        page.get_by_label("Prefix padding (ms)").fill("200")
+        page.get_by_label("Silence duration (ms)").fill("700")
+        browser.button("Connect").click()
+        browser.wait_state("ready")
+        first = browser.sent_of("session.update")[0]["session"]
+        td = first["audio"]["input"]["turn_detection"]
+        assert first["instructions"] == "Answer in one word.", first
+        assert td == {"type": "server_vad", "threshold": 0.65, "prefix_padding_ms": 200, "silence_duration_ms": 700}
         s = check_turn(browser, detected=True)
         states = s["probe"]["states"]
         assert is_subsequence(["idle", "connecting", "ready", "user", "thinking", "assistant", "ready"], states), states
-        # the AudioContext actually rendered the reply: every buffer ended on its own, no earlier than due
         browser.wait("window.probe.sources.every(s => s.endedAt !== null)", "playback of the reply finished")
         for src in browser.state()["probe"]["sources"]:
             assert src["endedAt"] >= src["when"] + src["length"] / src["rate"] - 0.05, src
-        page.click("#talk")  # hang up
+
+        demo = browser.state()["demo"]
+        assert demo["levelMax"] > 0.3 and demo["outputActive"], demo  # the meter moved; the output light lit
+        ms = demo["ttfa"][0]
+        assert page.get_by_label("Time to first audio").text_content() == \
+            f"first audio {ms} ms · median {ms} ms (1 turn)"
+        assert page.locator(".turn.user .who").first.text_content() == "You"
+        assert page.locator(".turn.assistant .who").first.text_content() == "Assistant"
+
+        page.get_by_text("Event log").click()
+        log = page.get_by_label("Event log")
+        rows = log.locator("li")
+        types = [(r.get_attribute("data-dir"), r.locator("code").text_content()) for r in rows.all()]
+        for expected in [("client", "session.update"), ("client", "input_audio_buffer.append"),
+                         ("server", "input_audio_buffer.speech_started"), ("server", "response.output_audio.delta"),
+                         ("server", "response.done")]:
+            assert expected in types, (expected, types)
+        times = [float(t.removesuffix(" s")) for t in log.locator("time").all_text_contents()]
+        assert times == sorted(times) and times[-1] > 0, times
+        delta_rows = log.locator('li[data-type="response.output_audio.delta"]')
+        counts = [int(c) for c in delta_rows.evaluate_all("rows => rows.map(r => r.dataset.count)")]
+        received = sum(e["type"] == "response.output_audio.delta" for e in browser.received)
+        assert sum(counts) == received and len(counts) < received, (counts, received)  # a stream folds, counted
+
+        page.get_by_label("Instructions").fill("Now answer in French.")
+        page.get_by_label("Silence duration (ms)").fill("900")
+        page.get_by_label("Silence duration (ms)").press("Tab")  # change events fire on leaving a field
+        browser.wait("window.demo.events.filter(t => t === 'session.updated').length >= 3", "two more updates")
+        last = browser.sent_of("session.update")[-1]["session"]
+        assert last["instructions"] == "Now answer in French."
+        assert last["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 900
+        assert browser.state()["demo"]["errors"] == []
+        browser.check_layout()
+        browser.shot("desktop-1366x768-vad-turn")
+
+        browser.button("Hang up").click()
         assert page.eval_on_selector("body", "e => e.dataset.state") == "idle"
+        assert browser.button("Connect").is_visible()
     print(f"server VAD turn in the browser: {time.monotonic() - t0:.1f} s")
 
 
-def test_push_to_talk_with_api_key(pipeline, chromium: str, wav: Path, tmp_path: Path) -> None:
-    """Push-to-talk through the key subprotocol: a wrong key is refused, the right one holds a turn."""
+def test_push_to_talk_with_a_remembered_api_key(pipeline, chromium: str, wav: Path, tmp_path: Path):
+    """Push-to-talk through the key subprotocol: a wrong key is refused and said so; the right one, remembered,
+    holds a turn and is filled in again after a reload."""
     t0 = time.monotonic()
     cfg = ServerConfig(api_key=KEY, limits=LIMITS)
     with serve_and_browse(pipeline, cfg, chromium, wav, tmp_path / "profile") as browser:
         page = browser.page
-        page.select_option("#mode", "ptt")
-        page.fill("#apikey", "wrong-key")
-        page.click("#talk")
+        page.get_by_label("Turn taking").select_option("ptt")
+        page.get_by_label("API key").fill("wrong-key")
+        browser.button("Connect").click()
         browser.wait("window.demo.errors.length > 0 && document.body.dataset.state === 'idle'", "a refusal")
-        assert browser.state()["demo"]["errors"] == ["Could not connect: is the server up, and is the API key right?"]
+        assert browser.state()["demo"]["errors"] == ["The server refused the API key: check it, then connect again."]
         page.evaluate("window.demo.errors.length = 0")
 
-        page.fill("#apikey", KEY)
-        page.click("#talk")
-        browser.wait("document.body.dataset.state === 'ready'", "the session became ready")
-        assert page.text_content("#talk") == "Hold to talk"
-        page.hover("#talk")
+        page.get_by_label("API key").fill(KEY)
+        page.get_by_label("Remember key in this browser").check()
+        browser.button("Connect").click()
+        browser.wait_state("ready")
+        talk = browser.button("Hold to talk")
+        talk.hover()
         page.mouse.down()
-        browser.wait("document.body.dataset.state === 'user'", "the button was held")
+        browser.wait_state("user")
         page.wait_for_timeout(1500)
         page.mouse.up()
         s = check_turn(browser, detected=False)
         assert is_subsequence(["connecting", "ready", "user", "thinking", "assistant", "ready"], s["probe"]["states"])
         sent = [e["type"] for e in browser.sent]
         assert sent.index("input_audio_buffer.commit") < sent.index("response.create"), sent
-        update = next(e for e in browser.sent if e["type"] == "session.update")
-        assert update["session"]["audio"]["input"]["turn_detection"] is None
-        held = sum(len(base64.b64decode(e["audio"])) // 2 for e in browser.sent
-                   if e["type"] == "input_audio_buffer.append") / 24000
+        assert browser.sent_of("session.update")[0]["session"]["audio"]["input"]["turn_detection"] is None
+        held = sum(len(base64.b64decode(e["audio"])) // 2 for e in browser.sent_of("input_audio_buffer.append")) / 24000
         assert 1.0 <= held <= 3.0, f"{held:.2f} s of audio sent for a 1.5 s press"
+
+        browser.button("Hang up").click()
+        page.reload()
+        assert page.get_by_label("API key").input_value() == KEY
+        assert page.get_by_label("Remember key in this browser").is_checked()
+        page.get_by_label("Remember key in this browser").uncheck()
+        assert page.evaluate("localStorage.length") == 0
     print(f"push-to-talk turn in the browser: {time.monotonic() - t0:.1f} s")
+
+
+def test_reconnects_by_itself_after_a_server_restart(pipeline, chromium: str, wav: Path, tmp_path: Path):
+    t0 = time.monotonic()
+    cfg = ServerConfig(limits=LIMITS)
+    with browse(chromium, wav, tmp_path / "profile") as browser:
+        page = browser.page
+        with running(pipeline, cfg) as (url, _):
+            port = int(url.removesuffix("/v1").rsplit(":", 1)[1])
+            page.goto(url.removesuffix("/v1") + "/")
+            page.get_by_label("Turn taking").select_option("ptt")
+            browser.button("Connect").click()
+            browser.wait_state("ready")
+        browser.wait_state("reconnecting")  # the server went away; the page says what it does
+        assert "reconnecting in" in page.locator("#status").text_content()
+        assert browser.button("Hang up").is_visible()  # and the user can stop it
+        page.wait_for_timeout(1500)  # a failed attempt or two while the server is down
+        with running(pipeline, cfg, port=port):
+            browser.wait_state("ready")  # without a click
+            demo = browser.state()["demo"]
+            assert demo["connects"] == 2 and demo["events"].count("session.created") == 2, demo
+            assert len(browser.sent_of("session.update")) == 2  # the settings were sent again
+            browser.button("Hang up").click()
+    print(f"reconnect in the browser: {time.monotonic() - t0:.1f} s")
+
+
+def test_barge_in_cuts_the_bubble_to_what_was_heard(pipeline, chromium: str, two_turns_wav: Path, tmp_path: Path):
+    """The second burst of speech talks over the first reply: playback stops, the page truncates the item at
+    what it played, and the bubble shows the server's transcript of that part only."""
+    t0 = time.monotonic()
+    cfg = ServerConfig(limits=Limits(max_text_tokens=24, max_frames=50, transcription_tokens=4))
+    with serve_and_browse(pipeline, cfg, chromium, two_turns_wav, tmp_path / "profile") as browser:
+        page = browser.page
+        browser.button("Connect").click()
+        browser.wait("window.demo.cut.length > 0 || window.demo.errors.length > 0", "a truncated reply")
+        browser.wait("window.demo.events.filter(t => t === 'response.done').length >= 2", "the barge-in answered")
+        demo = browser.state()["demo"]
+        assert demo["errors"] == [], demo
+        (cut,) = demo["truncated"]
+        item = cut["item_id"]
+        full = "".join(e["delta"] for e in browser.received
+                       if e["type"] == "response.output_audio_transcript.delta" and e["item_id"] == item)
+        retrieved = next(e for e in browser.received if e["type"] == "conversation.item.retrieved")
+        heard = retrieved["item"]["content"][0]["transcript"]
+        truncated = next(e for e in browser.received if e["type"] == "conversation.item.truncated")
+        assert truncated["item_id"] == item and truncated["audio_end_ms"] == cut["audio_end_ms"]
+        cancelled = next(e for e in browser.received if e["type"] == "response.done")["response"]
+        assert cancelled["status"] == "cancelled", cancelled
+        assert "response.cancel" not in [e["type"] for e in browser.sent]  # the server's VAD cancelled it
+        bubble = page.locator(f'.turn.assistant[data-item="{item}"]')
+        assert bubble.locator(".text").text_content() == heard
+        assert len(heard) < len(full), (heard, full)  # cut: less than was generated
+        assert "interrupted" in bubble.get_attribute("class")
+        assert page.locator(".turn.assistant").count() == 2  # and the interruption got its own answer
+    print(f"barge-in in the browser: {time.monotonic() - t0:.1f} s (heard {cut['audio_end_ms']} ms)")
+
+
+def test_insecure_context_says_why_and_text_still_works(pipeline, chromium: str, wav: Path, tmp_path: Path):
+    """Opened by a host name that is not localhost over plain HTTP: no microphone, and the page says why;
+    a typed message (Enter) is answered. On a phone-sized screen."""
+    t0 = time.monotonic()
+    flags = ("--host-resolver-rules=MAP omni-demo.test 127.0.0.1",)
+    with running(pipeline, ServerConfig(limits=LIMITS)) as (url, _), \
+            browse(chromium, wav, tmp_path / "profile", PHONE, flags) as browser:
+        page = browser.page
+        page.goto(url.removesuffix("/v1").replace("127.0.0.1", "omni-demo.test") + "/")
+        assert page.evaluate("window.isSecureContext") is False
+        notice = page.get_by_role("note")
+        assert notice.is_visible() and "needs HTTPS or localhost" in notice.text_content()
+        browser.button("Connect").click()
+        browser.wait_state("ready")
+        assert browser.button("Hold to talk").is_hidden() and page.locator("#status").text_content() == \
+            "Ready: type a message"
+        words = "Please answer: " + "x" * 200  # one very long token must wrap inside its bubble
+        page.get_by_label("Message").fill(words)
+        page.get_by_label("Message").press("Enter")
+        browser.wait("window.demo.events.includes('response.done')", "an answer")
+        browser.wait_state("ready")
+        sent = [e["type"] for e in browser.sent]
+        assert sent[-2:] == ["conversation.item.create", "response.create"], sent
+        item = browser.sent_of("conversation.item.create")[0]["item"]
+        assert item["content"] == [{"type": "input_text", "text": words}]
+        demo = browser.state()["demo"]
+        assert demo["errors"] == [] and len(demo["ttfa"]) == 1 and "input_audio_buffer.append" not in sent, demo
+        assert page.locator(".turn.user .text").text_content() == words
+        assert page.locator(".turn.assistant .text").text_content()  # the reply's transcript
+        assert page.get_by_label("Message").input_value() == ""
+        browser.check_layout()
+        browser.shot("phone-390x844-text-message")
+    print(f"text message in an insecure context: {time.monotonic() - t0:.1f} s")

@@ -145,7 +145,7 @@ def test_health_models_metrics(server):
             models = await (await http.get(f"{url}/models")).json()
             metrics = await (await http.get(f"{root}/metrics")).text()
         assert health["status"] == "ok" and models["data"][0]["id"] == "qwen3-omni"
-        assert "omni_time_to_first_audio_seconds_bucket" in metrics and "omni_sessions_total" in metrics
+        assert "omni_time_to_first_audio_seconds_bucket" in metrics and "omni_sessions_opened_total" in metrics
 
     asyncio.run(go())
 

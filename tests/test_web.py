@@ -24,7 +24,9 @@ from tests.realtime_server import SERVER_EVENT, running
 WEB = Path(__file__).resolve().parents[1] / "web"
 NODE = shutil.which("node")
 KEY = "web-test-key"
-IDS = {"talk", "hangup", "status", "error", "transcript", "voice", "apikey", "mode", "ttfa"}
+IDS = {"call", "talk", "status", "error", "notice", "transcript", "voice", "apikey", "remember", "mode", "ttfa",
+       "instructions", "threshold", "prefix", "silence", "level", "speaking", "events", "message", "send"}
+CONTROLS = {"input", "select", "textarea", "meter"}
 JS_TYPES = {"text/javascript", "application/javascript"}
 needs_node = pytest.mark.skipif(NODE is None, reason="Node.js is not installed")
 
@@ -35,6 +37,8 @@ class Page(HTMLParser):
         self.ids: set[str] = set()
         self.refs: list[str] = []
         self.options: dict[str, list[str]] = {}
+        self.label_for: set[str] = set()
+        self.controls: list[dict[str, str | None]] = []  # form controls, with their tag
         self._select: str | None = None
         self.feed(html)
 
@@ -42,6 +46,10 @@ class Page(HTMLParser):
         a = dict(attrs)
         if a.get("id"):
             self.ids.add(a["id"])
+        if tag == "label" and a.get("for"):
+            self.label_for.add(a["for"])
+        if tag in CONTROLS:
+            self.controls.append({"tag": tag, **a})
         if tag == "select":
             self._select = a.get("id")
         if tag == "option" and self._select:
@@ -92,6 +100,10 @@ def test_index_page(base):
     assert page.options["mode"] == ["server_vad", "ptt"]
     app = (WEB / "app.js").read_text()
     assert all(f"'{i}'" in app for i in IDS), "app.js looks up every element by id"
+    # every control has a visible label tied to it, or an aria-label: screen readers (and tests) find it by name
+    unlabelled = [c for c in page.controls if c.get("id") not in page.label_for and not c.get("aria-label")]
+    assert not unlabelled, unlabelled
+    assert {c["id"] for c in page.controls} >= {"instructions", "threshold", "prefix", "silence", "message", "apikey"}
     # everything is local: no CDN, no other origin
     assert all(r.startswith("/static/") for r in page.refs), page.refs
     for f in WEB.iterdir():
@@ -152,7 +164,9 @@ def test_session_update_accepted_by_server(base):
     """The page's own session.update (both turn modes) and audio chunks, through the key subprotocol."""
     out = node("""
         const tone = Float32Array.from({length: 1200}, (_, i) => 0.3 * Math.sin(i / 5));
-        console.log(JSON.stringify({ptt: audio.sessionUpdate('chelsie', true), vad: audio.sessionUpdate('aiden', false),
+        const base = {instructions: 'Be brief.', threshold: 0.7, prefixPaddingMs: 200, silenceMs: 800};
+        console.log(JSON.stringify({ptt: audio.sessionUpdate({...base, voice: 'chelsie', pushToTalk: true}),
+                                    vad: audio.sessionUpdate({...base, voice: 'aiden', pushToTalk: false}),
                                     chunk: audio.floatToPcm16Base64(tone)}));""")
 
     async def talk() -> None:
@@ -179,9 +193,22 @@ def test_session_update_accepted_by_server(base):
                     assert cfg["input"]["transcription"]["model"] == "qwen3-omni"
                     assert cfg["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
                     assert cfg["output"]["voice"] == voice
+                    assert updated["session"]["instructions"] == "Be brief."
+                    if detection:
+                        td = cfg["input"]["turn_detection"]
+                        assert (td["threshold"], td["prefix_padding_ms"], td["silence_duration_ms"]) == (0.7, 200, 800)
                 for _ in range(3):  # push-to-talk now: no VAD events in between
                     await ws.send_json({"type": "input_audio_buffer.append", "audio": out["chunk"]})
                 await ws.send_json({"type": "input_audio_buffer.clear"})
                 assert (await recv())["type"] == "input_audio_buffer.cleared"  # no error before it
 
     asyncio.run(talk())
+
+
+@needs_node
+def test_median_and_backoff():
+    out = node("""console.log(JSON.stringify({
+        m: [[], [5], [3, 1], [9, 1, 5], [4, 1, 3, 2]].map(audio.median),
+        b: [0, 1, 2, 3, 4, 5, 10].map(audio.backoffMs)}));""")
+    assert out["m"] == [None, 5, 2, 5, 3]
+    assert out["b"] == [500, 1000, 2000, 4000, 8000, 8000, 8000]  # capped: a restarted server is found within 8 s

@@ -1,28 +1,54 @@
 // The voice-chat demo: microphone -> input_audio_buffer.append; response audio -> gapless playback;
-// live transcripts; barge-in with conversation.item.truncate. Helpers (RATE, PCM16, resampler) are in audio.js.
+// live transcripts; text messages; barge-in with conversation.item.truncate; reconnect with backoff.
+// Helpers (RATE, PCM16, resampler, sessionUpdate, median, backoffMs) are in audio.js.
 'use strict';
 const $ = (id) => document.getElementById(id);
-const ui = Object.fromEntries(
-  ['talk', 'hangup', 'status', 'error', 'transcript', 'voice', 'apikey', 'mode', 'ttfa'].map((id) => [id, $(id)]));
+const ui = Object.fromEntries([
+  'settings', 'call', 'talk', 'status', 'error', 'notice', 'transcript', 'voice', 'apikey', 'remember', 'mode', 'ttfa',
+  'instructions', 'threshold', 'threshold-value', 'prefix', 'silence', 'vad-settings', 'level', 'speaking',
+  'events', 'log-count', 'composer', 'message', 'send',
+].map((id) => [id, $(id)]));
 const SEND_SAMPLES = RATE / 20; // one input_audio_buffer.append per ~50 ms of audio
+const KEY_STORE = 'omni-realtime.api-key';
+const MAX_LOG_ROWS = 400;
+const secure = window.isSecureContext && !!(navigator.mediaDevices && navigator.mediaDevices.getUserMedia);
 
 let ws = null, ctx = null, mic = null, resample = null;
+let wanted = false, attempt = 0, reconnectTimer = null, t0 = null;
 let ready = false, holding = false, pending = [], pendingLen = 0, heldSamples = 0;
-let committedAt = null, activeResponse = null, createAfterDone = false;
+let turnStart = null, activeResponse = null, createAfterDone = false;
 // items: assistant item id -> {response, chunks: [[start time, duration]...], samples}; dropped: response ids
 const play = { next: 0, sources: new Set(), items: new Map(), dropped: new Set() };
-const demo = (window.demo = { events: [], errors: [], ttfa: [], truncated: [] }); // read by browser tests
+// read by the browser tests
+const demo = (window.demo = { events: [], sent: [], errors: [], ttfa: [], truncated: [], cut: [], levelMax: 0,
+                              outputActive: false, connects: 0 });
 
 const ptt = () => ui.mode.value === 'ptt';
-const send = (event) => ws && ws.readyState === WebSocket.OPEN && ws.send(JSON.stringify(event));
+const settings = () => ({
+  voice: ui.voice.value, pushToTalk: ptt(), instructions: ui.instructions.value.trim(),
+  threshold: Number(ui.threshold.value), prefixPaddingMs: Number(ui.prefix.value) || 0,
+  silenceMs: Math.max(100, Number(ui.silence.value) || 500),
+});
+
+function send(event) {
+  if (!ws || ws.readyState !== WebSocket.OPEN) return false;
+  ws.send(JSON.stringify(event));
+  demo.sent.push(event.type);
+  logEvent('client', event.type);
+  return true;
+}
 
 function setState(state, text) {
   document.body.dataset.state = state;
   ui.status.textContent = text;
-  const talk = ptt() ? (holding ? 'Release to send' : 'Hold to talk') : 'Hang up';
-  ui.talk.textContent = state === 'connecting' ? 'Connecting…' : ws ? talk : 'Connect';
+  const live = wanted || ws;
+  ui.call.textContent = !live ? 'Connect' : 'Hang up';
+  ui.call.classList.toggle('live', !!live);
+  ui.talk.hidden = !(ready && ptt() && mic);
+  ui.talk.textContent = holding ? 'Release to send' : 'Hold to talk';
   ui.talk.classList.toggle('held', holding);
-  ui.hangup.hidden = !ws;
+  ui.message.disabled = ui.send.disabled = !ready;
+  ui['vad-settings'].disabled = ptt();
 }
 
 function showError(text) {
@@ -30,59 +56,146 @@ function showError(text) {
   if (text) demo.errors.push(text);
 }
 
+// -- event log ----------------------------------------------------------------------------------
+const streaming = (type) => type.endsWith('.delta') || type === 'input_audio_buffer.append';
+
+function logEvent(dir, type) {
+  const ms = Math.round(performance.now() - (t0 ?? performance.now()));
+  let same = null; // streams of deltas and appends (interleaved with each other) fold into one row each
+  for (let r = ui.events.lastElementChild, n = 0; streaming(type) && r && streaming(r.dataset.type) && n < 6;
+    r = r.previousElementSibling, n++) {
+    if (r.dataset.dir === dir && r.dataset.type === type) { same = r; break; }
+  }
+  if (same) {
+    same.dataset.count = Number(same.dataset.count) + 1;
+    same.querySelector('.n').textContent = `×${same.dataset.count}`;
+    same.title = `last at ${(ms / 1000).toFixed(3)} s`;
+    return;
+  }
+  const row = document.createElement('li');
+  Object.assign(row.dataset, { dir, type, count: 1 });
+  row.innerHTML = `<time></time><span class="dir"></span><code></code><span class="n"></span>`;
+  row.querySelector('time').textContent = `${(ms / 1000).toFixed(3)} s`;
+  row.querySelector('.dir').textContent = dir === 'client' ? '↑' : '↓';
+  row.querySelector('.dir').title = dir === 'client' ? 'client → server' : 'server → client';
+  row.querySelector('code').textContent = type;
+  const follow = ui.events.scrollTop + ui.events.clientHeight >= ui.events.scrollHeight - 4;
+  ui.events.append(row);
+  while (ui.events.children.length > MAX_LOG_ROWS) ui.events.firstElementChild.remove();
+  if (follow) ui.events.scrollTop = ui.events.scrollHeight;
+  ui['log-count'].textContent = `(${demo.events.length + demo.sent.length})`;
+}
+
 // -- connection ---------------------------------------------------------------------------------
 async function connect() {
+  wanted = true;
+  attempt = 0;
+  t0 = t0 ?? performance.now();
   showError('');
-  setState('connecting', 'Starting the microphone…');
-  ui.talk.disabled = true; // the permission prompt may take a while: no second connect meanwhile
+  setState('connecting', secure ? 'Starting the microphone…' : 'Connecting (text only: no microphone here)…');
+  ui.call.disabled = true; // the permission prompt may take a while: no second connect meanwhile
   try {
     await startAudio();
   } catch (e) {
     hangup();
     return showError(`Microphone: ${e.message}`);
   } finally {
-    ui.talk.disabled = false;
+    ui.call.disabled = false;
   }
+  openSocket();
+}
+
+function openSocket() {
+  reconnectTimer = null;
   const key = ui.apikey.value.trim();
+  rememberKey();
   const url = location.origin.replace(/^http/, 'ws') + '/v1/realtime?model=qwen3-omni';
+  let sock;
   try {
-    ws = new WebSocket(url, key ? ['realtime', 'openai-insecure-api-key.' + key] : ['realtime']);
+    sock = ws = new WebSocket(url, key ? ['realtime', 'openai-insecure-api-key.' + key] : ['realtime']);
   } catch (e) {
     hangup();
     return showError(`WebSocket: ${e.message}`);
   }
   let opened = false;
-  ws.onopen = () => { opened = true; setState('connecting', 'Connected; configuring the session…'); };
-  ws.onmessage = (m) => onEvent(JSON.parse(m.data));
-  ws.onclose = (e) => {
-    if (!opened) showError('Could not connect: is the server up, and is the API key right?');
-    else if (e.code !== 1000) showError(`Connection closed (${e.code}) ${e.reason}`);
-    hangup(e.reason ? `Disconnected: ${e.reason}` : 'Disconnected');
+  sock.onopen = () => {
+    opened = true;
+    demo.connects += 1;
+    setState('connecting', 'Connected; configuring the session…');
   };
-  setState('connecting', 'Connecting…');
+  sock.onmessage = (m) => onEvent(JSON.parse(m.data));
+  sock.onclose = (e) => { if (sock === ws) onClosed(e, opened, key); };
+  setState(attempt ? 'reconnecting' : 'connecting', attempt ? `Reconnecting (attempt ${attempt + 1})…` : 'Connecting…');
+}
+
+async function onClosed(e, opened, key) {
+  ws = null;
+  ready = holding = createAfterDone = false;
+  activeResponse = turnStart = null;
+  stopPlayback(false);
+  if (!wanted) return;
+  if (!opened) { // the handshake failed: if the server answers HTTP, it refused the key
+    const up = await fetch('/health', { cache: 'no-store' }).then(() => true, () => false);
+    if (!wanted) return;
+    if (up) {
+      hangup('Not connected');
+      return showError(key ? 'The server refused the API key: check it, then connect again.'
+        : 'The server requires an API key: enter it, then connect again.');
+    }
+  } else if (e.code === 1000 && e.reason) { // the server ended the session on purpose (e.g. it expired)
+    hangup(`Disconnected: ${e.reason}`);
+    return;
+  }
+  const delay = backoffMs(attempt++);
+  const why = opened ? `connection closed${e.reason ? ` (${e.reason})` : ''}` : 'server unreachable';
+  setState('reconnecting', `${why[0].toUpperCase()}${why.slice(1)}; reconnecting in ${(delay / 1000).toFixed(1)} s…`);
+  reconnectTimer = setTimeout(openSocket, delay);
 }
 
 function hangup(text = 'Disconnected') {
-  if (ws) (ws.onclose = ws.onmessage = null), ws.close(1000);
+  wanted = false;
+  clearTimeout(reconnectTimer);
+  reconnectTimer = null;
+  const sock = ws;
+  ws = null;
+  if (sock) (sock.onclose = sock.onmessage = null), sock.close(1000);
   if (mic) mic.stream.getTracks().forEach((t) => t.stop());
   stopPlayback(false);
   if (ctx) ctx.close();
-  ws = ctx = mic = activeResponse = committedAt = null;
+  ctx = mic = activeResponse = turnStart = null;
   ready = holding = createAfterDone = false;
   [pending, pendingLen] = [[], 0];
+  ui.level.value = 0;
   setState('idle', text);
 }
 
+function rememberKey() {
+  if (ui.remember.checked && ui.apikey.value.trim()) localStorage.setItem(KEY_STORE, ui.apikey.value.trim());
+  else localStorage.removeItem(KEY_STORE);
+}
+
 // -- microphone ---------------------------------------------------------------------------------
+function newContext() {
+  try {
+    return new AudioContext({ sampleRate: RATE });
+  } catch { // a browser that refuses 24 kHz: resample in JS
+    return new AudioContext();
+  }
+}
+
 async function startAudio() {
+  if (!secure) { // no getUserMedia or AudioWorklet here: playback only
+    ctx = newContext();
+    return ctx.resume();
+  }
   const audio = { channelCount: 1, echoCancellation: true, noiseSuppression: true };
   const stream = await navigator.mediaDevices.getUserMedia({ audio });
   mic = { stream };
   let source;
   try {
-    ctx = new AudioContext({ sampleRate: RATE });
+    ctx = newContext();
     source = ctx.createMediaStreamSource(stream);
-  } catch { // a browser that refuses 24 kHz, or (Firefox) a context at another rate than the mic's: resample in JS
+  } catch { // (Firefox) a context at another rate than the mic's
     if (ctx) ctx.close();
     ctx = new AudioContext();
     source = ctx.createMediaStreamSource(stream);
@@ -96,6 +209,12 @@ async function startAudio() {
 }
 
 function onMic(frame) {
+  let sum = 0;
+  for (const x of frame) sum += x * x;
+  const db = 10 * Math.log10(sum / frame.length + 1e-12); // -60 dBFS .. 0 dBFS -> 0 .. 1
+  const level = Math.min(1, Math.max(0, (db + 60) / 60));
+  ui.level.value = level;
+  demo.levelMax = Math.max(demo.levelMax, level);
   if (!ready || !(holding || !ptt())) return;
   const x = resample(frame);
   pending.push(x);
@@ -113,13 +232,17 @@ function flushMic() {
   send({ type: 'input_audio_buffer.append', audio: floatToPcm16Base64(all) });
 }
 
-// -- push-to-talk -------------------------------------------------------------------------------
+// -- push-to-talk and text messages -------------------------------------------------------------
+function interrupt() { // the user takes the turn: stop the reply, both here and on the server
+  if (activeResponse) send({ type: 'response.cancel' });
+  stopPlayback();
+}
+
 function pressTalk() {
   if (!ready || !ptt() || holding) return;
   holding = true;
   heldSamples = 0;
-  if (activeResponse) send({ type: 'response.cancel' });
-  stopPlayback();
+  interrupt();
   setState('user', 'Listening… release to send');
 }
 
@@ -132,9 +255,22 @@ function releaseTalk() {
     return setState('ready', 'Too short: hold the button while you speak');
   }
   send({ type: 'input_audio_buffer.commit' });
+  respond();
+}
+
+function respond() {
   if (activeResponse) createAfterDone = true; // the cancelled response has not ended yet
   else send({ type: 'response.create' });
   setState('thinking', 'Thinking…');
+}
+
+function sendMessage(text) {
+  if (!ready || !text) return;
+  interrupt();
+  send({ type: 'conversation.item.create',
+         item: { type: 'message', role: 'user', content: [{ type: 'input_text', text }] } });
+  turnStart = performance.now();
+  respond();
 }
 
 // -- playback and barge-in ----------------------------------------------------------------------
@@ -172,14 +308,14 @@ function playDelta(ev) {
 // Stop everything scheduled; tell the server how much of each unfinished item was actually heard.
 function stopPlayback(truncate = true) {
   if (activeResponse) play.dropped.add(activeResponse);
-  for (const [id, item] of truncate ? play.items : []) {
+  for (const [id, item] of truncate && ctx ? play.items : []) {
     const ms = playedMs(item);
     if (ms >= totalMs(item)) continue;
     send({ type: 'conversation.item.truncate', item_id: id, content_index: 0, audio_end_ms: ms });
     demo.truncated.push({ item_id: id, audio_end_ms: ms });
     play.dropped.add(item.response);
-    const bubble = document.querySelector(`[data-item="${id}"]`);
-    if (bubble) bubble.classList.add('interrupted');
+    const el = document.querySelector(`[data-item="${id}"]`);
+    if (el) el.classList.add('interrupted');
   }
   for (const src of play.sources) src.stop();
   play.sources.clear();
@@ -187,58 +323,91 @@ function stopPlayback(truncate = true) {
   play.next = 0;
 }
 
+setInterval(() => { // the output activity light: on while scheduled audio is still to play
+  const active = !!ctx && ctx.currentTime < play.next;
+  ui.speaking.dataset.active = String(active);
+  demo.outputActive ||= active;
+}, 100);
+
 // -- transcript ---------------------------------------------------------------------------------
+const atBottom = () => { const t = ui.transcript; return t.scrollTop + t.clientHeight >= t.scrollHeight - 40; };
+
 function bubble(itemId, role) {
   let el = document.querySelector(`[data-item="${itemId}"]`);
   if (!el) {
-    el = Object.assign(document.createElement('div'), { className: `turn ${role}` });
+    const follow = atBottom();
+    el = Object.assign(document.createElement('article'), { className: `turn ${role}` });
     el.dataset.item = itemId;
+    el.innerHTML = '<h2 class="who"></h2><p class="text"></p>';
+    el.querySelector('.who').textContent = role === 'user' ? 'You' : 'Assistant';
     ui.transcript.append(el);
+    if (follow) ui.transcript.scrollTop = ui.transcript.scrollHeight;
   }
-  ui.transcript.scrollTop = ui.transcript.scrollHeight;
   return el;
 }
 
-function firstAudio(ev) { // time to first audio: input_audio_buffer.committed -> first audio delta
-  if (committedAt === null) return;
-  const ms = Math.round(performance.now() - committedAt);
-  committedAt = null;
+function setText(itemId, role, text, append = false) {
+  const follow = atBottom(); // keep the newest line in view, unless the user scrolled up to read
+  const p = bubble(itemId, role).querySelector('.text');
+  p.textContent = append ? p.textContent + text : text;
+  if (follow) ui.transcript.scrollTop = ui.transcript.scrollHeight;
+}
+
+function firstAudio(ev) { // time to first audio: end of the user's turn -> first audio delta
+  if (turnStart === null) return;
+  const ms = Math.round(performance.now() - turnStart);
+  turnStart = null;
   demo.ttfa.push(ms);
-  ui.ttfa.textContent = `Time to first audio: ${ms} ms`;
+  const n = demo.ttfa.length;
+  ui.ttfa.textContent = `first audio ${ms} ms · median ${median(demo.ttfa)} ms (${n} turn${n > 1 ? 's' : ''})`;
   bubble(ev.item_id, 'assistant').dataset.ttfa = `${ms} ms`;
 }
 
 // -- server events ------------------------------------------------------------------------------
-const idleText = () => (ptt() ? 'Hold the button (or Space) to talk' : 'Listening: just speak');
+const idleText = () => (!mic ? 'Ready: type a message' : ptt() ? 'Hold the button (or Space) to talk'
+  : 'Listening: just speak');
 const dropped = (ev) => play.dropped.has(ev.response_id); // a response the user talked over
+const contentText = (item) => (item.content || []).map((c) => c.text ?? c.transcript ?? '').join('');
 
 const HANDLERS = {
-  'session.created': () => send(sessionUpdate(ui.voice.value, ptt())),
-  'session.updated': () => { ready = true; setState('ready', idleText()); },
+  'session.created': () => send(sessionUpdate(settings())),
+  'session.updated': () => { ready = true; if (!activeResponse) setState('ready', idleText()); },
+  // the server cancels its response itself (interrupt_response): the page stops playback and truncates
   'input_audio_buffer.speech_started': () => { stopPlayback(); setState('user', 'Hearing you…'); },
   'input_audio_buffer.speech_stopped': () => setState('thinking', 'Thinking…'),
-  'input_audio_buffer.committed': (ev) => { committedAt = performance.now(); bubble(ev.item_id, 'user'); },
-  'conversation.item.input_audio_transcription.delta': (ev) => { bubble(ev.item_id, 'user').textContent += ev.delta; },
-  'conversation.item.input_audio_transcription.completed': (ev) => {
-    bubble(ev.item_id, 'user').textContent = ev.transcript;
+  'input_audio_buffer.committed': (ev) => { turnStart = performance.now(); bubble(ev.item_id, 'user'); },
+  'conversation.item.added': (ev) => {
+    const item = ev.item;
+    if (item.role === 'user' && item.content.some((c) => c.type === 'input_text')) {
+      setText(item.id, 'user', contentText(item));
+    }
+  },
+  'conversation.item.input_audio_transcription.delta': (ev) => setText(ev.item_id, 'user', ev.delta, true),
+  'conversation.item.input_audio_transcription.completed': (ev) => setText(ev.item_id, 'user', ev.transcript),
+  'conversation.item.truncated': (ev) => send({ type: 'conversation.item.retrieve', item_id: ev.item_id }),
+  'conversation.item.retrieved': (ev) => { // after a truncate: the transcript cut to what was heard
+    const el = document.querySelector(`[data-item="${ev.item.id}"]`);
+    if (!el || ev.item.role !== 'assistant') return;
+    setText(ev.item.id, 'assistant', contentText(ev.item));
+    demo.cut.push({ item_id: ev.item.id, text: contentText(ev.item) });
   },
   'response.created': (ev) => { activeResponse = ev.response.id; },
-  'response.output_audio_transcript.delta': (ev) => {
-    if (!dropped(ev)) bubble(ev.item_id, 'assistant').textContent += ev.delta;
-  },
+  'response.output_audio_transcript.delta': (ev) => { if (!dropped(ev)) setText(ev.item_id, 'assistant', ev.delta, true); },
+  'response.output_text.delta': (ev) => { if (!dropped(ev)) setText(ev.item_id, 'assistant', ev.delta, true); },
   'response.output_audio.delta': (ev) => {
     if (dropped(ev)) return;
     firstAudio(ev);
     playDelta(ev);
   },
   'response.done': (ev) => onResponseDone(ev.response),
-  error: (ev) => { // (a push-to-talk cancel may race the end of the response: not worth showing)
+  error: (ev) => { // (a cancel may race the end of the response: not worth showing)
     if (ev.error.code !== 'response_cancel_not_active') showError(`Error (${ev.error.code}): ${ev.error.message}`);
   },
 };
 
 function onEvent(ev) {
   demo.events.push(ev.type);
+  logEvent('server', ev.type);
   if (HANDLERS[ev.type]) HANDLERS[ev.type](ev);
 }
 
@@ -252,28 +421,46 @@ function onResponseDone(response) {
 }
 
 // -- controls -----------------------------------------------------------------------------------
-ui.talk.addEventListener('click', () => (!ws ? connect() : !ptt() && hangup()));
+const update = () => ready && send(sessionUpdate(settings()));
+ui.call.addEventListener('click', () => (wanted || ws ? hangup() : connect()));
 ui.talk.addEventListener('pointerdown', (e) => {
-  if (!ws || !ptt()) return;
   ui.talk.setPointerCapture(e.pointerId);
   pressTalk();
 });
 ui.talk.addEventListener('pointerup', releaseTalk);
 ui.talk.addEventListener('pointercancel', releaseTalk);
-ui.hangup.addEventListener('click', () => hangup());
-ui.voice.addEventListener('change', () => ready && send(sessionUpdate(ui.voice.value, ptt())));
+ui.composer.addEventListener('submit', (e) => {
+  e.preventDefault();
+  sendMessage(ui.message.value.trim());
+  ui.message.value = '';
+});
+ui.threshold.addEventListener('input', () => { ui['threshold-value'].textContent = Number(ui.threshold.value).toFixed(2); });
+for (const el of [ui.voice, ui.threshold, ui.prefix, ui.silence, ui.instructions]) el.addEventListener('change', update);
 ui.mode.addEventListener('change', () => {
   if (!ready) return setState(document.body.dataset.state, ui.status.textContent);
   if (ptt()) send({ type: 'input_audio_buffer.clear' }); // drop half a turn the VAD was collecting
   releaseTalk();
-  send(sessionUpdate(ui.voice.value, ptt()));
+  update();
+  setState('ready', idleText());
 });
+ui.remember.addEventListener('change', rememberKey);
 const onSpace = (e) => { // Space works as the push-to-talk button, except while typing in a field
-  if (e.code !== 'Space' || !ws || !ptt() || ['INPUT', 'SELECT'].includes(e.target.tagName)) return;
+  if (e.code !== 'Space' || !ready || !ptt() || ['INPUT', 'SELECT', 'TEXTAREA'].includes(e.target.tagName)) return;
   e.preventDefault();
   if (e.type === 'keyup') releaseTalk();
   else if (!e.repeat) pressTalk();
 };
 document.addEventListener('keydown', onSpace);
 document.addEventListener('keyup', onSpace);
+
+const stored = localStorage.getItem(KEY_STORE);
+if (stored) [ui.apikey.value, ui.remember.checked] = [stored, true];
+if (!secure) {
+  ui.notice.hidden = false;
+  ui.notice.textContent = 'The microphone needs HTTPS or localhost: this page came over plain HTTP from '
+    + `${location.hostname}, so the browser keeps the microphone off. Text messages still work. `
+    + 'To talk, open it as http://localhost:… on the server machine, or serve HTTPS '
+    + '(omni-realtime serve --ssl-certfile … --ssl-keyfile …).';
+}
+if (matchMedia('(max-width: 899px)').matches) ui.settings.open = false; // a phone: the chat first
 setState('idle', 'Disconnected');

@@ -1,4 +1,4 @@
-// Pure helpers for the demo: PCM16 <-> base64, a streaming resampler, the session.update event.
+// Pure helpers for the demo: PCM16 <-> base64, a streaming resampler, the session.update event, median, backoff.
 // A classic script (no DOM), so the browser loads it before app.js and Node can require() it in tests.
 'use strict';
 const RATE = 24000; // the Realtime protocol's audio/pcm rate, both directions
@@ -41,13 +41,28 @@ function makeResampler(from, to) {
   };
 }
 
-function sessionUpdate(voice, pushToTalk) {
+// settings: {voice, pushToTalk, instructions, threshold, prefixPaddingMs, silenceMs} (the page's controls)
+function sessionUpdate(settings) {
   const format = { type: 'audio/pcm', rate: RATE };
-  const turnDetection = pushToTalk ? null : { type: 'server_vad' };
+  const turnDetection = settings.pushToTalk ? null : {
+    type: 'server_vad', threshold: settings.threshold, prefix_padding_ms: settings.prefixPaddingMs,
+    silence_duration_ms: settings.silenceMs,
+  };
   const input = { format, turn_detection: turnDetection, transcription: { model: 'qwen3-omni' } };
-  return { type: 'session.update', session: { type: 'realtime', audio: { input, output: { format, voice } } } };
+  const session = { type: 'realtime', instructions: settings.instructions,
+                    audio: { input, output: { format, voice: settings.voice } } };
+  return { type: 'session.update', session };
 }
 
+function median(xs) {
+  if (!xs.length) return null;
+  const s = [...xs].sort((a, b) => a - b), m = s.length >> 1;
+  return s.length % 2 ? s[m] : Math.round((s[m - 1] + s[m]) / 2);
+}
+
+// Reconnect delays: 0.5 s, 1, 2, 4, then 8 s at most.
+const backoffMs = (attempt) => Math.min(500 * 2 ** attempt, 8000);
+
 if (typeof module !== 'undefined') {
-  module.exports = { RATE, floatToPcm16Base64, base64ToFloat, makeResampler, sessionUpdate };
+  module.exports = { RATE, floatToPcm16Base64, base64ToFloat, makeResampler, sessionUpdate, median, backoffMs };
 }

@@ -1,0 +1,92 @@
+"""`omni-realtime` as a user runs it: mistakes are one line on stderr with exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from realtime.cli import parser
+
+CLI = [sys.executable, "-m", "realtime.cli"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def one_line_error(r: subprocess.CompletedProcess, *words: str) -> str:
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0].startswith("omni-realtime serve: error: "), lines
+    assert all(w in lines[0] for w in words), lines
+    return lines[0]
+
+
+def test_wrong_model_path(tmp_path: Path):
+    one_line_error(run("serve", "--model", str(tmp_path / "nowhere")), "nowhere", "no such directory")
+    one_line_error(run("serve", "--model", str(tmp_path)), "no config.json")
+
+
+def test_broken_config_names_the_file(tmp_path: Path):
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3_omni_moe",')
+    one_line_error(run("serve", "--model", str(tmp_path)), str(tmp_path / "config.json"), "not valid JSON")
+
+
+def test_unsupported_model_type(tmp_path: Path):
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    one_line_error(run("serve", "--model", str(tmp_path)), "model_type 'llama' is not supported")
+
+
+def test_port_in_use_fails_before_the_model_loads():
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        t0 = time.monotonic()
+        r = run("serve", "--port", str(port))
+        elapsed = time.monotonic() - t0
+    one_line_error(r, f"127.0.0.1:{port}", "Address already in use", "--port")
+    assert "loaded tiny" not in r.stderr and elapsed < 30, (elapsed, r.stderr)
+
+
+def test_debug_shows_the_traceback(tmp_path: Path):
+    r = run("serve", "--model", str(tmp_path / "nowhere"), "--debug")
+    assert r.returncode != 0 and "Traceback" in r.stderr and "UsageError" in r.stderr, r.stderr
+
+
+def test_tls_key_without_certificate(tmp_path: Path):
+    one_line_error(run("serve", "--ssl-keyfile", str(tmp_path / "k.pem")), "--ssl-keyfile needs --ssl-certfile")
+    one_line_error(run("serve", "--ssl-certfile", str(tmp_path / "c.pem")), "cannot load the TLS certificate")
+
+
+def test_version():
+    from importlib.metadata import version
+
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"omni-realtime {version('omni-realtime')}", r
+
+
+@pytest.mark.parametrize("command", ["serve", "generate"])
+def test_help_states_every_default(command: str):
+    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    text = " ".join(sub.format_help().split())
+    for action in sub._actions:
+        if not action.option_strings or action.default in (None, False, argparse.SUPPRESS):
+            continue
+        helped = " ".join(sub._get_formatter()._expand_help(action).split())
+        assert "default" in helped and helped in text, (action.option_strings, helped)
+    if command == "serve":
+        assert "--model tiny a reply stops after" in text  # the tiny model's reply cap is stated
+
+
+def test_help_never_shows_the_key_from_the_environment():
+    r = subprocess.run([*CLI, "serve", "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                       env={**os.environ, "OMNI_REALTIME_API_KEY": "sekrit-from-env"})
+    assert r.returncode == 0 and "sekrit-from-env" not in r.stdout and "OMNI_REALTIME_API_KEY" in r.stdout
