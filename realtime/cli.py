@@ -51,6 +51,11 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="weights and activations (default: bfloat16 on cuda, float32 on cpu)")
+    p.add_argument("--no-cuda-graphs", action="store_true",
+                   help="run every step eagerly on CUDA (default: capture the fixed-shape steps at start)")
+    p.add_argument("--kv-cache-gib", type=float, default=None,
+                   help="GiB for the thinker and talker KV caches on CUDA (default: what is free after the "
+                        "weights, less 10 GiB)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level")
     p.add_argument("--log-json", action="store_true", help="log one JSON object per line")
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
@@ -116,7 +121,8 @@ def build(args: argparse.Namespace):
     check_model(args.model)
     from models.registry import build_pipeline
 
-    return build_pipeline(args.model, args.device or default_device(), args.dtype)
+    return build_pipeline(args.model, args.device or default_device(), args.dtype,
+                          graphs=False if args.no_cuda_graphs else None, kv_memory_gib=args.kv_cache_gib)
 
 
 def generate(args: argparse.Namespace) -> int:
