@@ -121,14 +121,26 @@ class EncoderStep:
         self.model, self.device, self.dtype = model, device, dtype
 
     def run(self, works: list[EncoderWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
-        thinker = self.model.thinker
-        for w in works:  # one turn per call: short audios encode differently when batched (as the reference)
-            t = w.turn
-            feats = [f.to(self.device, self.dtype) for f in t.audio_features]
-            audio = thinker.audio_tower(feats) if feats else None
-            ids = torch.tensor([t.prompt_ids], device=self.device)
-            w.done = True
-            t.on_prompt_embeds(thinker.embed_prompt(ids, audio)[0])
+        """Turns whose audios all last a chunk (one second) or more encode in one call, exactly as each
+        would alone (every chunk is padded to a full one either way); a turn with a shorter audio encodes
+        alone, since a short chunk would be padded to the batch's longest (as the reference does)."""
+        chunk = 2 * self.model.cfg.thinker.audio.n_window
+        full = [w for w in works if all(f.shape[1] >= chunk for f in w.turn.audio_features)]
+        groups = [full] * bool(full) + [[w] for w in works if w not in full]
+        tower = self.model.thinker.audio_tower
+        for group in groups:
+            feats = [f.to(self.device, self.dtype) for w in group for f in w.turn.audio_features]
+            audio = tower(feats) if feats else None
+            start = 0
+            for w in group:
+                n = sum(int(tower.token_count(f.shape[1])) for f in w.turn.audio_features)
+                self._embed(w, None if audio is None else audio[start : start + n])
+                start += n
+
+    def _embed(self, w: EncoderWork, audio: torch.Tensor | None) -> None:
+        ids = torch.tensor([w.turn.prompt_ids], device=self.device)
+        w.done = True
+        w.turn.on_prompt_embeds(self.model.thinker.embed_prompt(ids, audio)[0])
 
 
 def nan_rows(logits: torch.Tensor) -> torch.Tensor:
