@@ -18,35 +18,39 @@ from .kv_cache import PagedKVCache
 from .paged_attention import paged_decode_attention
 
 
-def prefill_inputs(max_blocks: int, scratch_slot: int) -> dict[str, Input]:
-    """Per token: position and write slot; per call: the sequence's block table and length after it."""
+def prefill_inputs(tokens: int, max_blocks: int, cache: PagedKVCache) -> dict[str, Input]:
+    """Per sequence (row): its `tokens` (bucket) positions and write slots, its block table and its length
+    after them. Padding sequences read and write only the scratch block."""
+    scratch_block = cache.scratch_slot // cache.layout.block_size
     return {
-        "positions": Input((), torch.long, 0),
-        "write_slots": Input((), torch.long, scratch_slot),
-        "block_table": Input((max_blocks,), torch.int32, 0, rows=False),
-        "seq_len": Input((), torch.long, 1, rows=False),
+        "positions": Input((tokens,), torch.long, 0),
+        "write_slots": Input((tokens,), torch.long, cache.scratch_slot),
+        "block_table": Input((max_blocks,), torch.int32, scratch_block),
+        "seq_len": Input((), torch.long, 1),
     }
 
 
 class PrefillKV:
-    """Implements the KVCache protocol for one sequence's prefill of T (bucket) tokens, batch 1."""
+    """Implements the KVCache protocol for the prefill of S sequences (rows) of T (bucket) tokens each:
+    every row's table-wide slots gathered once per step, causal mask over them."""
 
     def __init__(self, cache: PagedKVCache, buffers: Tensors) -> None:
         self.k, self.v = cache.k, cache.v
-        self.write_slots = buffers["write_slots"]
+        self.write_slots = buffers["write_slots"].reshape(-1)
         bs = cache.layout.block_size
-        key_pos = torch.arange(buffers["block_table"].shape[0] * bs, device=self.write_slots.device)
-        visible = key_pos < buffers["seq_len"]
-        slots = buffers["block_table"].long()[key_pos // bs] * bs + key_pos % bs
-        self.read = torch.where(visible, slots, slots[0])  # hidden keys read the sequence's own first slot
-        self.positions = buffers["positions"][None]  # [1, T]
-        self.mask = ((key_pos[None, :] <= buffers["positions"][:, None]) & visible)[None, None]  # [1, 1, T, W]
+        table = buffers["block_table"].long()
+        key_pos = torch.arange(table.shape[1] * bs, device=table.device)
+        visible = key_pos[None, :] < buffers["seq_len"][:, None]  # [S, W]
+        slots = table[:, key_pos // bs] * bs + key_pos % bs
+        self.read = torch.where(visible, slots, slots[:, :1])  # hidden keys read the row's own first slot
+        self.positions = buffers["positions"]  # [S, T]
+        self.mask = ((key_pos[None, None, :] <= self.positions[:, :, None]) & visible[:, None, :])[:, None]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         kc, vc = self.k[layer], self.v[layer]
-        kc[self.write_slots] = k[0].to(kc.dtype)
-        vc[self.write_slots] = v[0].to(vc.dtype)
-        keys, values = kc[self.read][None].to(q.dtype), vc[self.read][None].to(q.dtype)
+        kc[self.write_slots] = k.flatten(0, 1).to(kc.dtype)
+        vc[self.write_slots] = v.flatten(0, 1).to(vc.dtype)
+        keys, values = kc[self.read].to(q.dtype), vc[self.read].to(q.dtype)  # [S, W, Hkv, D]
         out = torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=self.mask, scale=scale,
             enable_gqa=q.shape[2] != keys.shape[2],
@@ -54,18 +58,26 @@ class PrefillKV:
         return out.transpose(1, 2)
 
 
-def prefill_rows(cache: PagedKVCache, key: str, n: int, max_blocks: int) -> dict[str, np.ndarray]:
-    """Host values of the prefill inputs for n new tokens of `key` after what is cached (blocks reserved)."""
+def prefill_rows(cache: PagedKVCache, rows: list[tuple[str, int]], tokens: int, max_blocks: int) -> dict:
+    """Host values of the prefill inputs: rows = [(sequence, new tokens)], each after what is cached
+    (blocks reserved), padded to `tokens` (padding tokens write to the scratch slot)."""
     bs = cache.layout.block_size
-    seq = cache.seqs[key]
-    if len(seq.blocks) > max_blocks:
-        raise ValueError(f"{key}: {len(seq.blocks)} blocks exceed the prefill step's {max_blocks}")
-    pos = np.arange(seq.length, seq.length + n)
-    blocks = np.asarray(seq.blocks, dtype=np.int64)
-    table = np.zeros(max_blocks, dtype=np.int32)
-    table[: len(blocks)] = blocks
-    return {"positions": pos, "write_slots": blocks[pos // bs] * bs + pos % bs, "block_table": table,
-            "seq_len": np.asarray(seq.length + n)}
+    n_rows = len(rows)
+    pos = np.zeros((n_rows, tokens), dtype=np.int64)
+    write = np.full((n_rows, tokens), cache.scratch_slot, dtype=np.int64)
+    table = np.zeros((n_rows, max_blocks), dtype=np.int32)
+    lens = np.zeros(n_rows, dtype=np.int64)
+    for r, (key, n) in enumerate(rows):
+        seq = cache.seqs[key]
+        if len(seq.blocks) > max_blocks or n > tokens:
+            raise ValueError(f"{key}: {n} tokens over {len(seq.blocks)} blocks exceed the prefill step's shape")
+        blocks = np.asarray(seq.blocks, dtype=np.int64)
+        pos[r] = seq.length + np.arange(tokens)
+        real = pos[r, :n]
+        write[r, :n] = blocks[real // bs] * bs + real % bs
+        table[r, : len(blocks)] = blocks
+        lens[r] = seq.length + n
+    return {"positions": pos, "write_slots": write, "block_table": table, "seq_len": lens}
 
 
 def decode_inputs(max_blocks: int, scratch_slot: int) -> dict[str, Input]:

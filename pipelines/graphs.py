@@ -31,18 +31,13 @@ def bucket_for(n: int, buckets: tuple[int, ...]) -> int:
     raise ValueError(f"batch of {n} rows exceeds the largest bucket {buckets[-1]}")
 
 
-PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512)  # token counts of one sequence's fixed-shape prefill
-
-
 @dataclass(frozen=True)
 class Input:
-    """A static input: per-row shape, dtype, and the value padding rows get. `rows` False: one value for
-    the whole call (shape as given, e.g. the sequence's block table in a one-sequence prefill)."""
+    """A static input: per-row shape, dtype, and the value padding rows get."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype
     pad: float | int | bool = 0
-    rows: bool = True
 
 
 class GraphRunner:
@@ -55,8 +50,7 @@ class GraphRunner:
         self.spec = dict(inputs)
         top = buckets[-1]
         self.buffers: Tensors = {
-            k: torch.full((top, *s.shape) if s.rows else s.shape, s.pad, dtype=s.dtype, device=device)
-            for k, s in inputs.items()
+            k: torch.full((top, *s.shape), s.pad, dtype=s.dtype, device=device) for k, s in inputs.items()
         }
         self.graphs_on = graphs and self.device.type == "cuda"
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensors]] = {}
@@ -69,7 +63,7 @@ class GraphRunner:
         return self.buckets[-1]
 
     def views(self, b: int) -> Tensors:
-        return {k: v[:b] if self.spec[k].rows else v for k, v in self.buffers.items()}
+        return {k: v[:b] for k, v in self.buffers.items()}
 
     def capture(self, pool: object | None = None) -> object | None:
         """Capture every bucket, largest first, sharing `pool` (returned for the next runner)."""
@@ -95,11 +89,10 @@ class GraphRunner:
         return pool
 
     def __call__(self, n: int, rows: Mapping[str, torch.Tensor | np.ndarray | list]) -> Tensors:
-        """Run n real rows: `rows[name]` holds their values of input `name` (each input must be given).
-        Outputs with a row per bucket row come back as their first n rows, others whole."""
+        """Run n real rows: `rows[name]` holds their values of input `name` (each input must be given)."""
         b = bucket_for(n, self.buckets)
         for k, value in rows.items():
-            dst = self.buffers[k][:n] if self.spec[k].rows else self.buffers[k]
+            dst = self.buffers[k][:n]
             if isinstance(value, torch.Tensor):
                 dst.copy_(value.reshape(dst.shape), non_blocking=True)
             else:
@@ -113,10 +106,44 @@ class GraphRunner:
             graph.replay()
         else:
             out = self.step(self.views(b))
-        return {k: (v[:n] if v.dim() and v.shape[0] == b else v).clone() for k, v in out.items()}
+        return {k: v[:n].clone() for k, v in out.items()}
 
     def _pad(self, n: int, b: int) -> None:
         if n < b:
             for k, s in self.spec.items():
-                if s.rows:
-                    self.buffers[k][n:b].fill_(s.pad)
+                self.buffers[k][n:b].fill_(s.pad)
+
+
+class PrefillGraphs:
+    """Fixed-shape prefills: up to PREFILL_ROWS[-1] sequences per call, each padded to a token bucket,
+    attending over a context-width bucket; one GraphRunner (batch buckets over sequences) per shape."""
+
+    TOKENS = (32, 128, 512)  # new tokens per sequence
+    CONTEXTS = (1024, 4096)  # cached + new tokens per sequence
+    ROWS = (1, 2, 4, 8)
+
+    def __init__(self, name: str, step: Callable[[Tensors], Tensors], inputs: Callable[[int, int], dict[str, Input]],
+                 block_size: int, device: torch.device, graphs: bool) -> None:
+        self.runners = {
+            (t, c): GraphRunner(f"{name}[{t}x{c}]", step, inputs(t, c // block_size), device, self.ROWS, graphs)
+            for t in self.TOKENS for c in self.CONTEXTS
+        }
+
+    def capture(self, pool: object | None) -> object | None:
+        for runner in self.runners.values():
+            pool = runner.capture(pool)
+        return pool
+
+    def shape(self, new: int, context: int) -> tuple[int, int] | None:
+        """The smallest (tokens, context) buckets that hold a sequence, or None (it runs eagerly)."""
+        t = next((t for t in self.TOKENS if t >= new), None)
+        c = next((c for c in self.CONTEXTS if c >= context), None)
+        return None if t is None or c is None else (t, c)
+
+    def groups(self, items: list[tuple[object, tuple[int, int]]]) -> list[tuple[tuple[int, int], list]]:
+        """Items with their shapes -> (shape, items) calls of at most ROWS[-1] items each."""
+        by_shape: dict[tuple[int, int], list] = {}
+        for item, shape in items:
+            by_shape.setdefault(shape, []).append(item)
+        top = self.ROWS[-1]
+        return [(shape, group[i : i + top]) for shape, group in by_shape.items() for i in range(0, len(group), top)]

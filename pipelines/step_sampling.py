@@ -19,9 +19,8 @@ _FIELDS = {
 }
 
 
-def sampling_inputs(prefix: str, rows: bool = True) -> dict[str, Input]:
-    """Per-row parameters, or (rows False) one row's for a one-sequence step."""
-    return {f"{prefix}.{k}": Input(() if rows else (1,), dt, pad, rows) for k, (dt, pad) in _FIELDS.items()}
+def sampling_inputs(prefix: str) -> dict[str, Input]:
+    return {f"{prefix}.{k}": Input((), dt, pad) for k, (dt, pad) in _FIELDS.items()}
 
 
 def sampling_rows(prefix: str, params: list[SamplingParams]) -> dict[str, np.ndarray]:

@@ -94,44 +94,48 @@ class TalkerFrame:
         return {"codes": frame.codes, "embed_sum": frame.embed_sum, "bad": logits.isnan().any(dim=-1)}
 
 
-def _prefill_inputs(h: int, dtype: torch.dtype, max_blocks: int, scratch_slot: int) -> dict[str, Input]:
-    """One sequence's new tokens (rows) and what it samples from its last one."""
-    return {"x": Input((h,), dtype), **prefill_inputs(max_blocks, scratch_slot),
-            "last": Input((1,), torch.long, 0, rows=False), "no_eos": Input((1,), torch.bool, False, rows=False)}
+def _prefill_inputs(h: int, dtype: torch.dtype, tokens: int, max_blocks: int, cache: PagedKVCache) -> dict[str, Input]:
+    """Per sequence (row): its new tokens and what it samples from its last one."""
+    return {"x": Input((tokens, h), dtype), **prefill_inputs(tokens, max_blocks, cache),
+            "last": Input((), torch.long, 0), "no_eos": Input((), torch.bool, False)}
+
+
+def _last(hidden: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """[S, T, H] -> [S, H]: each row's hidden state at its last real token."""
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
 
 
 @dataclass
 class ThinkerPrefill:
-    """One sequence's prefill (bucket of tokens): its first reply token as `ThinkerDecode` samples it,
-    and `captured`, the hidden states entering `capture_layer` (the talker's user rows)."""
+    """The prefill of S sequences (rows), T (bucket) tokens each: each one's next token as
+    `ThinkerDecode` samples it, and `captured`, the hidden states entering `capture_layer` (the talker's
+    user rows)."""
 
     decode: ThinkerDecode
     capture_layer: int
 
-    def inputs(self, dtype: torch.dtype, max_blocks: int, scratch_slot: int) -> dict[str, Input]:
+    def inputs(self, dtype: torch.dtype, tokens: int, max_blocks: int) -> dict[str, Input]:
         h = self.decode.model.cfg.thinker.text.hidden_size
-        return {**_prefill_inputs(h, dtype, max_blocks, scratch_slot), **sampling_inputs("s", rows=False),
-                "step": Input((1,), torch.long, 0, rows=False)}
+        return {**_prefill_inputs(h, dtype, tokens, max_blocks, self.decode.cache), **sampling_inputs("s"),
+                "step": Input((), torch.long, 0)}
 
     def __call__(self, b: Tensors) -> Tensors:
         kv = PrefillKV(self.decode.cache, b)
-        hidden, captured = self.decode.model.thinker(b["x"][None], kv.positions, kv, self.capture_layer)
-        return {"captured": captured[0], **self.decode.token(hidden[0].index_select(0, b["last"]), b)}
+        hidden, captured = self.decode.model.thinker(b["x"], kv.positions, kv, self.capture_layer)
+        return {"captured": captured, **self.decode.token(_last(hidden, b["last"]), b)}
 
 
 @dataclass
 class TalkerPrefill:
-    """One talker stream's prefill (bucket of tokens) and the frame from its last one."""
+    """The prefill of S talker streams (rows), T (bucket) tokens each, and each one's next frame."""
 
     frame: TalkerFrame
 
-    def inputs(self, dtype: torch.dtype, max_blocks: int, scratch_slot: int, scratch_row: int) -> dict[str, Input]:
+    def inputs(self, dtype: torch.dtype, tokens: int, max_blocks: int, scratch_row: int) -> dict[str, Input]:
         h = self.frame.model.cfg.talker.text.hidden_size
-        return {**_prefill_inputs(h, dtype, max_blocks, scratch_slot), **sampling_inputs("t", rows=False),
-                **sampling_inputs("p", rows=False), "frame": Input((1,), torch.long, 0, rows=False),
-                "slot": Input((1,), torch.long, scratch_row, rows=False)}
+        return {**_prefill_inputs(h, dtype, tokens, max_blocks, self.frame.cache), **sampling_inputs("t"),
+                **sampling_inputs("p"), "frame": Input((), torch.long, 0), "slot": Input((), torch.long, scratch_row)}
 
     def __call__(self, b: Tensors) -> Tensors:
         kv = PrefillKV(self.frame.cache, b)
-        hidden = self.frame.model.talker(b["x"][None], kv.positions, kv)[0]
-        return self.frame.frame(hidden.index_select(0, b["last"]), b)
+        return self.frame.frame(_last(self.frame.model.talker(b["x"], kv.positions, kv), b["last"]), b)

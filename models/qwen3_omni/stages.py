@@ -21,9 +21,9 @@ from .model import Qwen3Omni
 GREEDY = SamplingParams(greedy=True)
 
 
-def pad_rows(rows: list[torch.Tensor]) -> torch.Tensor:
-    """[n_i, H] rows -> [B, max n, H], zero padded."""
-    t = max(r.shape[0] for r in rows)
+def pad_rows(rows: list[torch.Tensor], length: int | None = None) -> torch.Tensor:
+    """[n_i, H] rows -> [B, length (default: max n), H], zero padded."""
+    t = length or max(r.shape[0] for r in rows)
     out = rows[0].new_zeros(len(rows), t, rows[0].shape[1])
     for i, r in enumerate(rows):
         out[i, : r.shape[0]] = r

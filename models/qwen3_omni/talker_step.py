@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from pipelines import decode_kv
-from pipelines.graphs import PREFILL_BUCKETS, GraphRunner, Tensors
+from pipelines.graphs import GraphRunner, PrefillGraphs, Tensors
 from pipelines.kv_cache import BatchKV, PagedKVCache
 from pipelines.sampling import Sampler, SamplingParams
 from pipelines.stage import StageConfig
@@ -46,8 +46,8 @@ class TalkerStep:
         self.graph = GraphRunner("talker", step, step.inputs(dtype, self.width, kv.scratch_slot, slots), self.device,
                                  sc.buckets, sc.graphs)
         prefill = TalkerPrefill(step)
-        self.prefill = GraphRunner("talker_prefill", prefill, prefill.inputs(dtype, self.width, kv.scratch_slot, slots),
-                                   self.device, PREFILL_BUCKETS, sc.graphs)
+        self.prefill = PrefillGraphs("talker_prefill", prefill, lambda t, w: prefill.inputs(dtype, t, w, slots),
+                                     kv.layout.block_size, self.device, sc.graphs)
 
     def capture(self, pool: object | None) -> object | None:
         return self.prefill.capture(self.graph.capture(pool))
@@ -92,27 +92,31 @@ class TalkerStep:
         return True
 
     def run(self, works: list[TalkerWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
-        """Each stream that fits a token bucket alone through the fixed-shape prefill; the rest eagerly."""
-        rest = [(w, n) for w, n in zip(works, lengths, strict=True) if not self._prefill(w, n)]
+        """Streams that fit the fixed prefill shapes go through them, up to 8 per call; the rest eagerly."""
+        shapes = [self.prefill.shape(n, self.kv.length(w.key) + n) for w, n in zip(works, lengths, strict=True)]
+        fixed = [((w, n), s) for w, n, s in zip(works, lengths, shapes, strict=True) if s is not None]
+        for (t, c), group in self.prefill.groups(fixed):
+            self._prefill(group, t, c)
+        rest = [(w, n) for w, n, s in zip(works, lengths, shapes, strict=True) if s is None]
         if len(rest) == len(works):
             self._eager(works, lengths, kv)
         elif rest:
             self._eager([w for w, _ in rest], [n for _, n in rest], self.kv.batch([(w.key, n) for w, n in rest]))
 
-    def _prefill(self, w: TalkerWork, n: int) -> bool:
-        if n > self.prefill.max_batch or len(self.kv.seqs[w.key].blocks) > self.width:
-            return False
-        if not self._slots([w]):
-            return True  # failed alone (no stream slot)
-        o = w.turn.options
-        rows = decode_kv.prefill_rows(self.kv, w.key, n, self.width) | {
-            "x": w.inputs.tail(self.kv.length(w.key))[:n], "last": [n - 1], "frame": [len(w.turn.codes)],
-            "slot": [w.slot], "no_eos": [o.ignore_eos],
-            **sampling_rows("t", [greedy_talker(o.talker) if o.greedy else o.talker]),
-            **sampling_rows("p", [GREEDY if o.greedy else o.predictor]),
-        }
-        self._commit([w], self.prefill(n, rows))
-        return True
+    def _prefill(self, group: list[tuple[TalkerWork, int]], tokens: int, context: int) -> None:
+        ready = {id(w) for w in self._slots([w for w, _ in group])}
+        group = [(w, n) for w, n in group if id(w) in ready]  # the others failed alone (no stream slot)
+        if not group:
+            return
+        works, opts = [w for w, _ in group], [w.turn.options for w, _ in group]
+        x = pad_rows([w.inputs.tail(self.kv.length(w.key))[:n] for w, n in group], tokens)
+        width = context // self.kv.layout.block_size
+        rows = decode_kv.prefill_rows(self.kv, [(w.key, n) for w, n in group], tokens, width)
+        rows |= {"x": x, "last": [n - 1 for _, n in group], "frame": [len(w.turn.codes) for w in works],
+                 "slot": [w.slot for w in works], "no_eos": [o.ignore_eos for o in opts],
+                 **sampling_rows("t", [greedy_talker(o.talker) if o.greedy else o.talker for o in opts]),
+                 **sampling_rows("p", [GREEDY if o.greedy else o.predictor for o in opts])}
+        self._commit(works, self.prefill.runners[tokens, context](len(group), rows))
 
     def _eager(self, works: list[TalkerWork], lengths: list[int], kv: BatchKV) -> None:
         talker = self.model.talker

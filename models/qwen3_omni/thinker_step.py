@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from pipelines import decode_kv
-from pipelines.graphs import PREFILL_BUCKETS, GraphRunner, Tensors
+from pipelines.graphs import GraphRunner, PrefillGraphs, Tensors
 from pipelines.kv_cache import BatchKV, PagedKVCache
 from pipelines.sampling import Sampler
 from pipelines.stage import StageConfig
@@ -35,8 +35,8 @@ class ThinkerStep:
         self.graph = GraphRunner("thinker", step, step.inputs(dtype, self.width, kv.scratch_slot), self.device,
                                  sc.buckets, sc.graphs)
         prefill = ThinkerPrefill(step, self.capture_layer)
-        self.prefill = GraphRunner("thinker_prefill", prefill, prefill.inputs(dtype, self.width, kv.scratch_slot),
-                                   self.device, PREFILL_BUCKETS, sc.graphs)
+        self.prefill = PrefillGraphs("thinker_prefill", prefill, lambda t, w: prefill.inputs(dtype, t, w),
+                                     kv.layout.block_size, self.device, sc.graphs)
 
     def capture(self, pool: object | None) -> object | None:
         return self.prefill.capture(self.graph.capture(pool))
@@ -59,27 +59,31 @@ class ThinkerStep:
         return True
 
     def run(self, works: list[ThinkerWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
-        """Each sequence that fits a token bucket alone through the fixed-shape prefill; the rest (longer
-        prompts) in one padded eager batch."""
-        rest = [(w, n) for w, n in zip(works, lengths, strict=True) if not self._prefill(w, n)]
+        """Sequences that fit the fixed prefill shapes go through them, up to 8 per call; the rest (long
+        prompts or contexts) in one padded eager batch."""
+        shapes = [self.prefill.shape(n, self.kv.length(w.key) + n) for w, n in zip(works, lengths, strict=True)]
+        fixed = [((w, n), s) for w, n, s in zip(works, lengths, shapes, strict=True) if s is not None]
+        for (t, c), group in self.prefill.groups(fixed):
+            self._prefill(group, t, c)
+        rest = [(w, n) for w, n, s in zip(works, lengths, shapes, strict=True) if s is None]
         if len(rest) == len(works):
             self._eager(works, lengths, kv)
         elif rest:
             self._eager([w for w, _ in rest], [n for _, n in rest], self.kv.batch([(w.key, n) for w, n in rest]))
 
-    def _prefill(self, w: ThinkerWork, n: int) -> bool:
-        if n > self.prefill.max_batch or len(self.kv.seqs[w.key].blocks) > self.width:
-            return False
-        past = self.kv.length(w.key)
-        x = w.turn.session.embeds.tail(past)[:n]
-        rows = decode_kv.prefill_rows(self.kv, w.key, n, self.width) | {
-            "x": x, "last": [n - 1], "step": [len(w.turn.reply_ids)], "no_eos": [w.turn.options.ignore_eos],
-            **sampling_rows("s", [w.turn.options.thinker or GREEDY]),
-        }
-        out = self.prefill(n, rows)
-        self._talker_user_rows(w, past, n, x, out["captured"])
-        self._commit([w], out)
-        return True
+    def _prefill(self, group: list[tuple[ThinkerWork, int]], tokens: int, context: int) -> None:
+        works = [w for w, _ in group]
+        pasts = [self.kv.length(w.key) for w in works]
+        x = pad_rows([w.turn.session.embeds.tail(p)[:n] for (w, n), p in zip(group, pasts, strict=True)], tokens)
+        width = context // self.kv.layout.block_size
+        rows = decode_kv.prefill_rows(self.kv, [(w.key, n) for w, n in group], tokens, width)
+        rows |= {"x": x, "last": [n - 1 for _, n in group], "step": [len(w.turn.reply_ids) for w in works],
+                 "no_eos": [w.turn.options.ignore_eos for w in works],
+                 **sampling_rows("s", [w.turn.options.thinker or GREEDY for w in works])}
+        out = self.prefill.runners[tokens, context](len(group), rows)
+        for i, ((w, n), past) in enumerate(zip(group, pasts, strict=True)):
+            self._talker_user_rows(w, past, n, x[i], out["captured"][i])
+        self._commit(works, out)
 
     def _eager(self, works: list[ThinkerWork], lengths: list[int], kv: BatchKV) -> None:
         thinker, talker = self.model.thinker, self.model.talker
