@@ -101,7 +101,7 @@ def bench_stage(name: str, step, runner: GraphRunner, cache: PagedKVCache, width
             runner(n, rows)
         torch.cuda.synchronize()
         call_ms = (time.perf_counter() - t1) * 1e3 / 20
-        if profile_dir and n == batches[0]:
+        if profile_dir and n in (batches[0], batches[-1]):
             profile(step, runner.views(b), Path(profile_dir) / f"profile_{name}_B{n}.txt")
         out[f"B{n}"] = {"eager_ms": round(timed(lambda b=b: step(runner.views(b)), max(3, reps // 5)), 2),
                         "graph_ms": round(timed(graph.replay, reps), 3), "call_ms": round(call_ms, 3),
