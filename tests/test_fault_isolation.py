@@ -79,6 +79,7 @@ def back_to_zero(pipeline):
     stats = pipeline.stats()
     assert stats["turns_started"] == stats["turns_ended"], stats  # each turn ended exactly once
     assert stats["turns_active"] == 0 and set(stats["works"].values()) == {0}, stats
+    assert set(stats["stream_slots"].values()) == {0}, stats  # talker and Code2Wav stream state given back
     for s in (VICTIM, BYSTANDER, MATE):
         pipeline.end_session(s)
     stats = pipeline.stats()

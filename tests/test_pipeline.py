@@ -46,6 +46,7 @@ def back_to_zero(request):
         stats = p.stats()
         assert stats["turns_started"] == stats["turns_ended"] and stats["turns_active"] == stats["sessions"] == 0
         assert set(stats["works"].values()) == set(stats["kv_blocks"].values()) == {0}, stats
+        assert set(stats["stream_slots"].values()) == {0}, stats
 
 
 def blocks_in_use(p) -> dict[str, int]:

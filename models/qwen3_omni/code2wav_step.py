@@ -55,6 +55,10 @@ class Code2WavStep:
         self.first = GraphRunner("code2wav_first", lambda b: {"pcm": s.step(b["slot"], b["codes"], first=True)},
                                  inputs, device, buckets, graphs)
 
+    @property
+    def slots_in_use(self) -> int:
+        return self.streams.scratch - self.streams.free_slots
+
     def capture(self, pool: object | None) -> object | None:
         return self.first.capture(self.later.capture(pool))
 

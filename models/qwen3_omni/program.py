@@ -93,6 +93,7 @@ class PipelineConfig:
         return cls(model, device, dtype or ("bfloat16" if cuda else "float32"), stages, kv_memory_gib)
 
 
+TYPICAL_SESSION_TOKENS = 2048  # a few turns of speech: what /health's session capacity counts in
 KV_HEADROOM_GIB = 10.0  # left free for CUDA graphs, activations and Code2Wav stream state
 TALKER_TOKEN_SHARE = 0.25  # talker cache tokens per thinker cache token, when sized from memory
 
@@ -334,7 +335,14 @@ class Qwen3OmniProgram:
             "sessions": len(self.sessions),
             "kv_blocks": {s.name: s.kv.layout.num_blocks - s.kv.num_free for s in self.stages if s.kv is not None},
             "works": {s.name: len(s.scheduler.works) for s in self.stages},
+            "stream_slots": {n: self.steps[n].slots_in_use for n in ("talker", "code2wav")},
+            "kv_capacity": self.capacity(),
         }
+
+    def capacity(self, typical_tokens: int = TYPICAL_SESSION_TOKENS) -> dict[str, int]:
+        """Tokens each KV cache holds, and how many conversations of `typical_tokens` fit at once."""
+        tokens = {s.name: s.kv.layout.num_blocks * s.kv.layout.block_size for s in self.stages if s.kv is not None}
+        return {**{f"{n}_tokens": t for n, t in tokens.items()}, "sessions": tokens["thinker"] // typical_tokens}
 
     def kv_check(self) -> dict[str, int]:
         """Integrity check of every KV cache; returns blocks in use per stage."""

@@ -71,6 +71,10 @@ class TalkerStep:
             ready.append(w)
         return ready
 
+    @property
+    def slots_in_use(self) -> int:
+        return self.seen.shape[0] - 1 - len(self.free)
+
     def _free_slot(self, slot: int) -> None:
         self.seen[slot].zero_()
         self.free.append(slot)
