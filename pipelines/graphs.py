@@ -24,23 +24,6 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 Tensors = dict[str, torch.Tensor]
 
 
-def to_host(t: torch.Tensor) -> Callable[[], list]:
-    """Start copying a small device tensor to the host; the returned function waits for it and gives
-    its values as a list (on CUDA: into pinned memory, after the kernels queued before it)."""
-    if t.device.type != "cuda":
-        return t.tolist
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record()
-
-    def wait() -> list:
-        done.synchronize()
-        return host.tolist()
-
-    return wait
-
-
 def bucket_for(n: int, buckets: tuple[int, ...]) -> int:
     for b in buckets:
         if b >= n:

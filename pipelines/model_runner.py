@@ -9,7 +9,6 @@ the paged KV view for exactly these rows; committing the cached lengths afterwar
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -27,9 +26,8 @@ class StepModel(Protocol):
 class DecodeModel(StepModel, Protocol):
     """A StepModel with a fixed-shape step for one new input per row (captured as CUDA graphs)."""
 
-    def decode(self, works: list[Work]) -> Callable[[], None] | None:
-        """Launch the batch through the fixed-shape step and return its commit (the host part, after
-        the step's one device-to-host copy); None, with nothing done, when it cannot take the batch."""
+    def decode(self, works: list[Work]) -> bool:
+        """Run the batch through the fixed-shape step; False (nothing done) when it cannot take it."""
         ...
 
     def capture(self, pool: object | None) -> object | None:
@@ -44,7 +42,7 @@ class ModelRunner:
         self.kv = kv
         self.device = torch.device(device)
         self.steps = 0
-        self.busy_s = 0.0  # launch to commit, summed over steps (overlapping steps both count)
+        self.busy_s = 0.0
         self.graph_steps = 0  # steps that ran the fixed-shape path
 
     def capture(self, pool: object | None) -> object | None:
@@ -54,33 +52,20 @@ class ModelRunner:
         with torch.inference_mode():
             return capture(pool)
 
-    def run(self, batch: Batch) -> Callable[[], None] | None:
-        """Run one batch. A fixed-shape decode comes back launched: the returned function commits it
-        (the caller may launch another stage's step first); otherwise the batch is done (None)."""
+    def run(self, batch: Batch) -> None:
         start = time.perf_counter()
         with torch.inference_mode(), torch.profiler.record_function(self.name):
             decode = getattr(self.model, "decode", None)
-            commit = decode(batch.works) if decode is not None and not batch.prefill else None
-            if commit is None:
+            if not batch.prefill and decode is not None and decode(batch.works):
+                self.graph_steps += 1
+            else:
                 view = None
                 if self.kv is not None:
                     view = self.kv.batch([(w.key, n) for w, n in zip(batch.works, batch.lengths, strict=True)])
                 self.model.run(batch.works, batch.lengths, view, batch.prefill)
-                self._done(batch, start)
-                return None
-        self.graph_steps += 1
-
-        def finish() -> None:
-            with torch.inference_mode():
-                commit()
-            self._done(batch, start)
-
-        return finish
-
-    def _done(self, batch: Batch, start: float) -> None:
-        if self.kv is not None:
-            for w, n in zip(batch.works, batch.lengths, strict=True):
-                if self.kv.has(w.key):
-                    self.kv.commit(w.key, n)
+            if self.kv is not None:
+                for w, n in zip(batch.works, batch.lengths, strict=True):
+                    if self.kv.has(w.key):
+                        self.kv.commit(w.key, n)
         self.steps += 1
         self.busy_s += time.perf_counter() - start

@@ -34,7 +34,6 @@ class Program(Protocol):
     """A model's side of the pipeline: its stages and how a turn moves through them."""
 
     stages: list[Stage]  # in pipeline order
-    overlapping: frozenset[str]  # stages whose step needs nothing the steps before it commit in the same iteration
 
     def start_turn(self, turn: Turn, emit: Emit) -> None: ...
 
@@ -168,19 +167,10 @@ class Pipeline:
                 log.exception("engine iteration failed")
 
     def _iterate(self) -> None:
-        """One batch of each stage in pipeline order. A stage in `program.overlapping` is launched before
-        the steps launched ahead of it are committed (its kernels overlap theirs); any other stage first
-        waits for those commits, since it may need what they hand on."""
         self._drain()
-        ran, launched = False, []
+        ran = False
         for stage in self.program.stages:
-            if stage.name not in self.program.overlapping:
-                self._commit(launched)
-            out = self._step(stage)
-            if callable(out):
-                launched.append((stage, out))
-            ran |= bool(out)
-        self._commit(launched)
+            ran |= self._step(stage)
         if not ran:
             with contextlib.suppress(queue.Empty):
                 self._commands.get(timeout=self.idle_wait_s)()
@@ -196,19 +186,10 @@ class Pipeline:
             except Exception:
                 log.exception("engine command failed")
 
-    def _step(self, stage: Stage) -> bool | Callable[[], None]:
+    def _step(self, stage: Stage) -> bool:
         try:
             return stage.step()
         except Exception as e:  # the batch's turns got an error; the engine and every other turn go on
             log.exception("stage %s failed", stage.name)
             self.error = e
             return True
-
-    def _commit(self, launched: list[tuple[Stage, Callable[[], None]]]) -> None:
-        for stage, commit in launched:
-            try:
-                commit()
-            except Exception as e:  # as in _step: that batch's turns failed, the rest go on
-                log.exception("stage %s failed", stage.name)
-                self.error = e
-        launched.clear()

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 import torch
 
 from .graphs import BUCKETS
 from .kv_cache import PagedKVCache
 from .model_runner import ModelRunner, StepModel
-from .scheduler import Batch, Scheduler, Work
-
-T = TypeVar("T")
+from .scheduler import Scheduler, Work
 
 
 @dataclass(frozen=True)
@@ -51,8 +47,6 @@ class Stage:
         self.kv = kv
         self.scheduler = Scheduler(self.kv, cfg.max_batch, cfg.max_prefill_tokens)
         self.runner = ModelRunner(model, self.kv, torch.device(cfg.device), cfg.name)
-        device = torch.device(cfg.device)
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     @property
     def name(self) -> str:
@@ -64,40 +58,17 @@ class Stage:
     def remove(self, work: Work) -> None:
         self.scheduler.remove(work)
 
-    def step(self) -> bool | Callable[[], None]:
-        """Run one batch if there is work: False if there was none, True once it is done, or, for a
-        launched fixed-shape step, the function that commits it. A batch whose step (or commit) raises
-        fails its own works (their caches released) and the error propagates; other works are untouched.
-
-        On CUDA each stage runs on its own stream, ordered after the default stream at the start, and
-        the default stream after it once it is done: only a launched step's kernels can overlap the
-        next stage's."""
+    def step(self) -> bool:
+        """Run one batch if there is work; returns whether anything ran. A batch whose step raises fails
+        its own works (their caches released) and the error propagates; other works are untouched."""
         batch = self.scheduler.schedule()
         if batch is None:
             return False
-        finish = self._guard(batch, lambda: self.runner.run(batch), join=False)
-        if finish is None:
-            self._join()
-            return True
-        return lambda: self._guard(batch, finish, join=True)
-
-    def _guard(self, batch: Batch, fn: Callable[[], T], join: bool) -> T:
         try:
-            if self.stream is None:
-                return fn()
-            self.stream.wait_stream(torch.cuda.default_stream(self.stream.device))
-            with torch.cuda.stream(self.stream):
-                out = fn()
-            if join:
-                self._join()
-            return out
+            self.runner.run(batch)
         except Exception as e:
             for work in batch.works:
                 work.fail("internal_error", f"{self.name}: {type(e).__name__}: {e}")
                 self.remove(work)
             raise
-
-    def _join(self) -> None:
-        """Later work on the default stream (and the next stages) comes after this stage's."""
-        if self.stream is not None:
-            torch.cuda.default_stream(self.stream.device).wait_stream(self.stream)
+        return True

@@ -162,16 +162,13 @@ class Qwen3OmniProgram:
         self.started = self.ended = 0
         self.capture_s = self.capture()
 
-    overlapping = frozenset({"talker"})  # a talker decode needs only the thinker's earlier tokens
-
     def capture(self) -> float:
-        """Capture every stage's fixed-shape steps (CUDA graphs on), one memory pool per stage (the
-        talker's graphs replay while the thinker's run); returns seconds."""
-        start, captured = time.perf_counter(), False
+        """Capture every stage's fixed-shape steps (CUDA graphs on) in one shared pool; returns seconds."""
+        start, pool = time.perf_counter(), None
         for stage in self.stages:
-            captured |= stage.runner.capture(None) is not None
+            pool = stage.runner.capture(pool)
         seconds = time.perf_counter() - start
-        if captured:
+        if pool is not None:
             log.info("CUDA graphs captured in %.1f s", seconds)
         return seconds
 
@@ -325,8 +322,6 @@ class Qwen3OmniProgram:
 
     def _close(self, turn_id: str) -> None:
         _, works = self.turns.pop(turn_id, (None, []))
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # a step still in flight may write the state given back here
         for stage, work in works:
             stage.remove(work)
             with torch.inference_mode():  # its state rows are inference tensors

@@ -8,12 +8,10 @@ is scratch for padding rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from pipelines import decode_kv
-from pipelines.graphs import GraphRunner, PrefillGraphs, Tensors, to_host
+from pipelines.graphs import GraphRunner, PrefillGraphs, Tensors
 from pipelines.kv_cache import BatchKV, PagedKVCache
 from pipelines.sampling import Sampler, SamplingParams
 from pipelines.stage import StageConfig
@@ -81,25 +79,21 @@ class TalkerStep:
         self.seen[slot].zero_()
         self.free.append(slot)
 
-    def decode(self, works: list[TalkerWork]) -> Callable[[], None] | None:
-        """Launch one frame per row through the fixed-shape step and return its commit; None if a row's
-        context is wider than the step's (then nothing ran)."""
+    def decode(self, works: list[TalkerWork]) -> bool:
         if any(len(self.kv.seqs[w.key].blocks) > self.width for w in works):
-            return None
+            return False
         works = self._slots(works)
-        if not works:
-            return lambda: None
-        opts = [w.turn.options for w in works]
-        rows = decode_kv.rows(self.kv, [w.key for w in works], self.width) | {
-            "x": torch.cat([w.inputs.tail(self.kv.length(w.key)) for w in works]),
-            "frame": [len(w.turn.codes) for w in works], "slot": [w.slot for w in works],
-            "no_eos": [o.ignore_eos for o in opts],
-            **sampling_rows("t", [greedy_talker(o.talker) if o.greedy else o.talker for o in opts]),
-            **sampling_rows("p", [GREEDY if o.greedy else o.predictor for o in opts]),
-        }
-        out = self.graph(len(works), rows)
-        host = to_host(self._rows(out))
-        return lambda: self._hand_on(works, host(), out)
+        if works:
+            opts = [w.turn.options for w in works]
+            rows = decode_kv.rows(self.kv, [w.key for w in works], self.width) | {
+                "x": torch.cat([w.inputs.tail(self.kv.length(w.key)) for w in works]),
+                "frame": [len(w.turn.codes) for w in works], "slot": [w.slot for w in works],
+                "no_eos": [o.ignore_eos for o in opts],
+                **sampling_rows("t", [greedy_talker(o.talker) if o.greedy else o.talker for o in opts]),
+                **sampling_rows("p", [GREEDY if o.greedy else o.predictor for o in opts]),
+            }
+            self._commit(works, self.graph(len(works), rows))
+        return True
 
     def run(self, works: list[TalkerWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
         """Streams that fit the fixed prefill shapes go through them, up to 8 per call; the rest eagerly."""
@@ -150,14 +144,8 @@ class TalkerStep:
         out = {"codes": frame.codes, "embed_sum": frame.embed_sum, "bad": nan_rows(logits)}
         self._commit(works, out, keep)
 
-    @staticmethod
-    def _rows(out: Tensors) -> torch.Tensor:
-        return torch.cat((out["codes"], out["bad"][:, None].to(out["codes"].dtype)), dim=1)
-
     def _commit(self, works: list[TalkerWork], out: Tensors, keep: set[int] | None = None) -> None:
-        self._hand_on(works, self._rows(out).tolist(), out, keep)  # the step's one host sync
-
-    def _hand_on(self, works: list[TalkerWork], rows: list, out: Tensors, keep: set[int] | None = None) -> None:
+        rows = torch.cat((out["codes"], out["bad"][:, None].to(out["codes"].dtype)), dim=1).tolist()  # one sync
         for i, (w, (*codes, bad)) in enumerate(zip(works, rows, strict=True)):
             if keep is not None and id(w) not in keep:
                 continue

@@ -7,12 +7,10 @@ batch's bucket (or eagerly); commit reads the ids in one device-to-host copy and
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from pipelines import decode_kv
-from pipelines.graphs import GraphRunner, PrefillGraphs, Tensors, to_host
+from pipelines.graphs import GraphRunner, PrefillGraphs, Tensors
 from pipelines.kv_cache import BatchKV, PagedKVCache
 from pipelines.sampling import Sampler
 from pipelines.stage import StageConfig
@@ -43,24 +41,22 @@ class ThinkerStep:
     def capture(self, pool: object | None) -> object | None:
         return self.prefill.capture(self.graph.capture(pool))
 
-    def decode(self, works: list[ThinkerWork]) -> Callable[[], None] | None:
-        """Launch one reply token per row through the fixed-shape step and return its commit; None if a
-        row is not a plain decode (then nothing ran)."""
+    def decode(self, works: list[ThinkerWork]) -> bool:
+        """One reply token per row through the fixed-shape step; False if a row is not a plain decode."""
         for w in works:
             s = w.turn.session
             if not w.turn.reply_ids or self.kv.length(w.key) != len(s.ids) - 1:
-                return None
+                return False
             if len(self.kv.seqs[w.key].blocks) > self.width:
-                return None
+                return False
         x = torch.cat([w.turn.session.embeds.tail(len(w.turn.session.ids) - 1) for w in works])
         rows = decode_kv.rows(self.kv, [w.key for w in works], self.width) | {
             "x": x, "step": [len(w.turn.reply_ids) for w in works],
             "no_eos": [w.turn.options.ignore_eos for w in works],
             **sampling_rows("s", [w.turn.options.thinker or GREEDY for w in works]),
         }
-        out = self.graph(len(works), rows)
-        ids = to_host(torch.where(out["bad"], -1, out["ids"]))
-        return lambda: self._hand_on(works, ids(), out)
+        self._commit(works, self.graph(len(works), rows))
+        return True
 
     def run(self, works: list[ThinkerWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
         """Sequences that fit the fixed prefill shapes go through them, up to 8 per call; the rest (long
@@ -105,9 +101,7 @@ class ThinkerStep:
                              "bad": nan_rows(logits)})
 
     def _commit(self, works: list[ThinkerWork], out: Tensors) -> None:
-        self._hand_on(works, torch.where(out["bad"], -1, out["ids"]).tolist(), out)  # the step's one host sync
-
-    def _hand_on(self, works: list[ThinkerWork], ids: list[int], out: Tensors) -> None:
+        ids = torch.where(out["bad"], -1, out["ids"]).tolist()  # the step's one host sync
         for i, (w, token) in enumerate(zip(works, ids, strict=True)):
             if token < 0:
                 w.fail("internal_error", f"thinker: {NAN_MESSAGE}")
