@@ -277,6 +277,13 @@ def merge_update(current: dict, update: Any, schema: dict = SCHEMA, path: str = 
     return out
 
 
+def check_metadata(value: Any, where: str) -> None:
+    try:
+        _string_map(value)
+    except ValueError as e:
+        raise ProtocolError("invalid_value", f"Invalid value for '{where}': {e}.", where) from None
+
+
 def speaker_for(voice: Any) -> str:
     """Our speakers by name; any other voice (OpenAI's alloy, marin, ...) maps to the default."""
     name = voice.get("id") if isinstance(voice, dict) else voice
