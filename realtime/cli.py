@@ -35,6 +35,12 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-sessions", type=int, default=32, help="beyond this, new sockets close with 1013")
     serve.add_argument("--max-session-minutes", type=float, default=60.0, help="a session's longest life")
     serve.add_argument("--model-name", default="qwen3-omni", help="the model id that /v1/models reports")
+    serve.add_argument("--api-key-file", help="read the key from this file (keeps it out of `ps`)")
+    serve.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1),
+                       help="torch CPU threads (default: min(4, cores)); audio work uses 2 more")
+    serve.add_argument("--allowed-origins", default="",
+                       help="comma-separated browser origins allowed besides the server's own host, or '*'")
+    serve.add_argument("--max-sessions-per-client", type=int, default=16, help="sessions per client address")
     gen = sub.add_parser("generate", help="answer one turn offline through the streaming pipeline")
     add_model_args(gen)
     gen.add_argument("--audio", help="input WAV (16-bit PCM or float32, any rate, mono or stereo)")
@@ -107,14 +113,30 @@ def main(argv: list[str] | None = None) -> int:
 def serve(args: argparse.Namespace) -> int:
     from models.registry import build_pipeline
 
+    from .security import Gate
     from .server import ServerConfig, run
 
     if args.max_sessions < 1 or args.max_session_minutes <= 0:
         print("serve: --max-sessions and --max-session-minutes must be positive", file=sys.stderr)
         return 2
+    if args.threads < 1 or args.max_sessions_per_client < 1:
+        print("serve: --threads and --max-sessions-per-client must be positive", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    key = args.api_key
+    origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
+    try:
+        if args.api_key_file:
+            with open(args.api_key_file) as f:
+                key = f.read().strip()
+        Gate(key, origins)
+    except (OSError, ValueError) as e:
+        print(f"serve: {e}", file=sys.stderr)
+        return 2
     pipeline = build_pipeline(args.model, args.device or default_device(), args.dtype)
-    cfg = ServerConfig(model_name=args.model_name, api_key=args.api_key or None, max_sessions=args.max_sessions,
-                       max_session_s=args.max_session_minutes * 60)
+    cfg = ServerConfig(model_name=args.model_name, api_key=key or None, max_sessions=args.max_sessions,
+                       max_session_s=args.max_session_minutes * 60, bind_host=args.host, allowed_origins=origins,
+                       max_sessions_per_client=args.max_sessions_per_client)
     run(pipeline, cfg, args.host, args.port)
     return 0
 
