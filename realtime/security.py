@@ -59,8 +59,9 @@ class Gate:
                 raise ValueError(f"allowed origin {origin!r} is not '*' or scheme://host[:port] (http or https)")
 
     def origin_ok(self, origin: str | None, host: str) -> bool:
-        """A browser's Origin: the allowed list, the server's own host, or localhost when bound to loopback."""
-        if origin is None or "*" in self.allowed_origins:
+        """Without a key, a browser's Origin must be in the allowed list, the server's own host, or localhost when
+        bound to loopback. With a key, the key is the gate."""
+        if self.api_key or origin is None or "*" in self.allowed_origins:
             return True
         origin = origin.strip().rstrip("/").lower()
         if origin in (o.lower() for o in self.allowed_origins):

@@ -109,8 +109,10 @@ class Server:
         return await handler(request)
 
     async def _close_sockets(self, app: web.Application) -> None:
+        log.info("shutting down: closing %d sockets", len(self.sockets))
         await asyncio.gather(*(self._close(ws, request, WSCloseCode.GOING_AWAY, b"server shutting down")
                                for ws, request in list(self.sockets.items())), return_exceptions=True)
+        log.info("sockets closed")
 
     async def _stop_workers(self, app: web.Application) -> None:
         self.audio.shutdown(wait=False, cancel_futures=True)
@@ -268,3 +270,4 @@ def run(pipeline: Pipeline, cfg: ServerConfig, host: str, port: int) -> None:
     with pipeline:
         log.info("serving %s on http://%s:%d (WebSocket /v1/realtime)", cfg.model_name, host, port)
         web.run_app(server.app(), host=host, port=port, print=None, shutdown_timeout=cfg.close_timeout_s + 1)
+        log.info("server stopped; stopping the engine")
