@@ -147,6 +147,8 @@ class Server:
         return web.json_response({"object": "list", "data": [model]})
 
     async def metrics_text(self, request: web.Request) -> web.Response:
+        if not self._authorized(request, None):
+            return web.json_response(INVALID_KEY, status=401)
         return web.Response(text=self.metrics.render(), content_type="text/plain")
 
     async def index(self, request: web.Request) -> web.FileResponse:

@@ -241,3 +241,49 @@ def test_probe_session_never_pauses_while_another_floods_appends(pipeline):
         print(f"append flood ({appends} appends): {len(gaps)} probe round trips, worst {max(gaps) * 1000:.0f} ms")
         assert len(gaps) > 10 and max(gaps) < 0.5
         assert srv.metrics.errors["server_error"] == 0
+
+
+async def errors_until_sentinel(conn) -> list[str]:
+    """Codes of the error events up to the answer to a sentinel retrieve (every earlier frame was handled)."""
+    await conn.conversation.item.retrieve(item_id="sentinel", event_id="sentinel")
+    codes = []
+    while True:
+        error = await until(conn, "error")
+        if error["error"]["event_id"] == "sentinel":
+            return codes
+        codes.append(error["error"]["code"])
+
+
+def test_append_rate_buffer_bytes_and_per_address_limits(pipeline):
+    limits = Limits(max_text_tokens=4, max_frames=3, max_appends_per_s=50, append_burst=20,
+                    max_buffer_bytes=4 * 24000 * 4)  # 4 s of 24 kHz audio as float32
+    with running(pipeline, ServerConfig(max_sessions_per_client=2, limits=limits)) as (url, srv):
+        ws_url = url.replace("http", "ws") + "/realtime"
+
+        async def go():
+            async with client(url).realtime.connect(model="qwen3-omni") as conn:
+                await next_event(conn)
+                await conn.session.update(session=MANUAL)
+                await until(conn, "session.updated")
+                chunk = pcm16_b64(speech_like(0.01))
+                for _ in range(60):
+                    await conn.input_audio_buffer.append(audio=chunk)
+                codes = await errors_until_sentinel(conn)
+                assert set(codes) == {"rate_limit_exceeded"} and 30 <= len(codes) <= 40, codes
+                await asyncio.sleep(0.2)
+                second = pcm16_b64(speech_like(1.0))
+                for _ in range(5):
+                    await conn.input_audio_buffer.append(audio=second)
+                assert await errors_until_sentinel(conn) == ["input_audio_buffer_full"] * 2
+                await conn.input_audio_buffer.commit()
+                await conn.response.create()
+                assert (await until(conn, "response.done"))["response"]["status"] == "incomplete"
+                async with websockets.connect(ws_url) as second_ok:
+                    assert json.loads(await second_ok.recv())["type"] == "session.created"
+                    async with websockets.connect(ws_url) as third:
+                        with pytest.raises(websockets.ConnectionClosed) as closed:
+                            await third.recv()
+                        assert closed.value.rcvd.code == 1013 and "this address" in closed.value.rcvd.reason
+
+        asyncio.run(go())
+        assert srv.metrics.rejected_total == 1
