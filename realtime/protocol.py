@@ -222,8 +222,16 @@ def _prompt(v: Any) -> None:
 
 
 def _truncation(v: Any) -> None:
-    if v not in ("auto", "disabled") and not (isinstance(v, dict) and isinstance(v.get("type"), str)):
-        raise ValueError("must be 'auto', 'disabled' or an object with a 'type'")
+    if v in ("auto", "disabled"):
+        return
+    ratio = v.get("retention_ratio") if isinstance(v, dict) else None
+    limits = v.get("token_limits") if isinstance(v, dict) else None
+    if not isinstance(v, dict) or v.get("type") != "retention_ratio" or set(v) - {"type", "retention_ratio",
+                                                                                 "token_limits"} \
+            or isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 <= ratio <= 1 \
+            or not (limits is None or isinstance(limits, dict) and set(limits) <= {"post_instructions"} and
+                    isinstance(limits.get("post_instructions", 1), int)):
+        raise ValueError("must be 'auto', 'disabled' or {'type': 'retention_ratio', 'retention_ratio': 0..1}")
 
 
 def _noise_reduction(v: Any) -> None:
