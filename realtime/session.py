@@ -156,7 +156,11 @@ class RealtimeSession:
                 self.buffer_bytes + held > self.limits.max_buffer_bytes:
             raise ProtocolError("input_audio_buffer_full", "Input audio buffer is full; commit or clear it.")
         arm, self._arm_idle = self._arm_idle, False
-        pcm, events = await self._off(_decode_append, data, fmt, self.vad, arm)
+        try:
+            pcm, events = await self._off(_decode_append, data, fmt, self.vad, arm)
+        except ProtocolError:
+            self._arm_idle |= arm  # not armed: the timer starts with the next good append
+            raise
         self.buffer.append(pcm)
         ms = len(pcm) * 1000 / fmt.rate
         self.buffer_ms += ms
