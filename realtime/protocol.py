@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,7 @@ class ProtocolError(Exception):
 MAX_EVENT_CHARS = 24 * 1024 * 1024  # a 15 MiB append in base64, plus room
 MAX_DEPTH = 32  # JSON nesting; the deepest real event (a tool schema) needs far less
 MAX_ECHO = 128  # characters of a client string (event_id, type, id) echoed back in errors
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")  # an escaped UTF-16 surrogate: paired, or a lone one
 _STEP = np.zeros(256, np.int8)
 _STEP[[ord("["), ord("{")]], _STEP[[ord("]"), ord("}")]] = 1, -1
 
@@ -83,7 +85,26 @@ def parse_event(raw: str | bytes) -> dict:
         raise ProtocolError("invalid_json", f"Invalid JSON: {clip(str(e), 200)}") from None
     if not isinstance(event, dict):
         raise ProtocolError("invalid_event", "An event must be a JSON object.")
+    if _SURROGATE.search(raw) and _lone_surrogate(event):
+        raise ProtocolError("invalid_value", "Strings must be valid Unicode: the event holds an unpaired surrogate "
+                            "escape (\\udXXX).")
     return event
+
+
+def _lone_surrogate(node: Any) -> bool:
+    stack = [node]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            stack += [*x.keys(), *x.values()]
+        elif isinstance(x, list):
+            stack += x
+        elif isinstance(x, str) and not x.isascii():
+            try:
+                x.encode()
+            except UnicodeEncodeError:
+                return True
+    return False
 
 
 def client_event_id(event: dict) -> str | None:
@@ -209,8 +230,8 @@ def _tracing(v: Any) -> None:
 
 
 def _include(v: Any) -> None:
-    if v is not None and not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
-        raise ValueError("must be null or a list of strings")
+    if v is not None and not (isinstance(v, list) and all(x == "item.input_audio_transcription.logprobs" for x in v)):
+        raise ValueError("must be null or ['item.input_audio_transcription.logprobs']")
 
 
 def _prompt(v: Any) -> None:

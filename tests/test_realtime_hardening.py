@@ -56,6 +56,11 @@ HOSTILE = [
                                                    "content": [{"type": "input_text", "text": "hi"}]}},
      "invalid_value"),
     ({"type": "session.update", "event_id": "e" * 100000, "session": {"bogus": 1}}, "unknown_parameter"),
+    # found by the fuzz: an unpaired surrogate reached the tokenizer, and that response never ended
+    ({"type": "response.create", "response": {"conversation": "none", "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "\udc80"}]}]}},
+     "invalid_value"),
+    ({"type": "session.update", "session": {"include": ["audio"]}}, "invalid_value"),
 ]
 
 
