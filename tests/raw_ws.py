@@ -76,8 +76,9 @@ async def connect(port: int, headers: list[bytes] = (), path: str = "/v1/realtim
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
     reader, writer = await asyncio.open_connection(sock=sock, limit=2**16)
-    lines = [f"GET {path} HTTP/1.1".encode(), f"Host: {host or f'127.0.0.1:{port}'}".encode(), b"Upgrade: websocket",
-             b"Connection: Upgrade", b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", b"Sec-WebSocket-Version: 13"]
+    host_line = f"Host: {host or f'127.0.0.1:{port}'}".encode("latin-1")  # latin-1: any bytes
+    lines = [f"GET {path} HTTP/1.1".encode(), host_line, b"Upgrade: websocket", b"Connection: Upgrade",
+             b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", b"Sec-WebSocket-Version: 13"]
     if deflate:
         lines.append(b"Sec-WebSocket-Extensions: permessage-deflate; client_no_context_takeover")
     writer.write(b"\r\n".join([*lines, *headers]) + b"\r\n\r\n")

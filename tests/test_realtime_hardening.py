@@ -124,6 +124,10 @@ def test_foreign_origin_and_host_are_refused_without_a_key(pipeline):
             raw = await connect(port, [f"Origin: http://evil.example:{port}".encode()], host=f"evil.example:{port}")
             assert raw.status == 403 and "host_not_allowed" in raw.headers
             raw.close()
+            for headers, host in (([b"Origin: http://\xff\xfe"], None), ([], "\xff\xfe:1"), ([b"Origin: \xc3"], None)):
+                raw = await connect(port, headers, host=host)
+                assert raw.status == 403, raw.headers  # any bytes: refused, never a 500
+                raw.close()
             for origin in (f"http://127.0.0.1:{port}", "http://localhost:3000"):  # own host; loopback dev pages
                 async with websockets.connect(ws_url, origin=origin) as ok:
                     assert json.loads(await ok.recv())["type"] == "session.created"
