@@ -48,9 +48,11 @@ class AudioFormat:
         if unknown:
             raise ValueError(f"unknown audio format field(s) {sorted(unknown)}")
         kind = cfg.get("type", "audio/pcm")
-        if kind not in _RATES:
+        if not isinstance(kind, str) or kind not in _RATES:
             raise ValueError(f"unsupported audio format type {kind!r}; expected one of {sorted(_RATES)}")
         rate = cfg.get("rate")
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int)):
+            raise ValueError(f"rate must be an integer, got {rate!r}")
         return cls(kind, _RATES[kind] if rate is None else rate)
 
     def to_config(self) -> dict[str, Any]:

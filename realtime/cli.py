@@ -84,6 +84,12 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-sessions", type=int, default=32, help="beyond this, new sockets close with 1013")
     serve.add_argument("--max-session-minutes", type=float, default=60.0, help="a session's longest life")
     serve.add_argument("--model-name", default="qwen3-omni", help="the model id that /v1/models reports")
+    serve.add_argument("--api-key-file", help="read the key from this file (keeps it out of `ps`)")
+    serve.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1),
+                       help="torch CPU threads (default: min(4, cores)); audio work uses 2 more")
+    serve.add_argument("--allowed-origins", default="",
+                       help="comma-separated browser origins allowed besides the server's own host, or '*'")
+    serve.add_argument("--max-sessions-per-client", type=int, default=16, help="sessions per client address")
     gen = sub.add_parser("generate", help="answer one turn offline through the streaming pipeline",
                          formatter_class=HelpFormatter)
     add_common_args(gen)
@@ -208,18 +214,35 @@ def tls(args: argparse.Namespace) -> ssl.SSLContext | None:
 
 
 def serve(args: argparse.Namespace) -> int:
+    from .security import Gate
     from .server import ServerConfig, run
     from .session import Limits
 
     if args.max_sessions < 1 or args.max_session_minutes <= 0:
         raise UsageError("--max-sessions and --max-session-minutes must be positive")
+    if args.threads < 1 or args.max_sessions_per_client < 1:
+        raise UsageError("--threads and --max-sessions-per-client must be positive")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    key = args.api_key
+    origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
+    try:
+        if args.api_key_file:
+            with open(args.api_key_file) as f:
+                key = f.read().strip()
+        Gate(key, origins)
+    except (OSError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    args.api_key = key
     ssl_context = tls(args)
     sock = listen(args.host, args.port)
     pipeline = build(args)
     limits = Limits(max_text_tokens=TINY_REPLY_TOKENS, max_frames=TINY_REPLY_FRAMES) if args.model == "tiny" \
         else Limits()
-    cfg = ServerConfig(model_name=args.model_name, api_key=args.api_key or None, max_sessions=args.max_sessions,
-                       max_session_s=args.max_session_minutes * 60, limits=limits)
+    cfg = ServerConfig(model_name=args.model_name, api_key=key or None, max_sessions=args.max_sessions,
+                       max_session_s=args.max_session_minutes * 60, limits=limits, bind_host=args.host,
+                       allowed_origins=origins, max_sessions_per_client=args.max_sessions_per_client)
     startup_line(args, sock, ssl_context is not None)
     run(pipeline, cfg, sock, ssl_context)
     return 0

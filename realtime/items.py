@@ -12,7 +12,7 @@ import torch
 from pipelines.types import Message, ToolCall
 
 from .audio import AudioFormat, decode, to_model_rate
-from .protocol import ProtocolError, new_id
+from .protocol import ProtocolError, clip, new_id
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Conversation:
         for item in self.items:
             if item.id == item_id:
                 return item
-        raise ProtocolError("item_not_found", f"Item with item_id not found: {item_id}", "item_id")
+        raise ProtocolError("item_not_found", f"Item with item_id not found: {clip(item_id)}", "item_id")
 
     def last_id(self) -> str | None:
         return self.items[-1].id if self.items else None
@@ -68,7 +68,10 @@ def item_from_client(raw: dict, input_format: AudioFormat) -> Item:
     if not isinstance(raw, dict):
         raise ProtocolError("invalid_type", "item must be an object", "item")
     kind = raw.get("type")
-    data = {"id": raw.get("id") or new_id("item"), "object": "realtime.item", "type": kind, "status": "completed"}
+    item_id = raw.get("id") or new_id("item")
+    if not isinstance(item_id, str) or len(item_id) > 64:
+        raise ProtocolError("invalid_value", "item.id must be a string of at most 64 characters", "item.id")
+    data = {"id": item_id, "object": "realtime.item", "type": kind, "status": "completed"}
     if kind == "function_call_output":
         for key in ("call_id", "output"):
             if not isinstance(raw.get(key), str):
@@ -80,13 +83,15 @@ def item_from_client(raw: dict, input_format: AudioFormat) -> Item:
             if not isinstance(raw.get(key), str):
                 raise ProtocolError("missing_required_parameter", f"Missing required parameter: 'item.{key}'.",
                                     f"item.{key}")
+        if not isinstance(raw.get("call_id") or "", str):
+            raise ProtocolError("invalid_type", "item.call_id must be a string", "item.call_id")
         return Item({**data, "name": raw["name"], "arguments": raw["arguments"],
                      "call_id": raw.get("call_id") or new_id("call")})
     if kind != "message":
-        raise ProtocolError("invalid_value", f"Unsupported item type: {kind!r}", "item.type")
+        raise ProtocolError("invalid_value", f"Unsupported item type: {clip(kind)}", "item.type")
     role = raw.get("role")
     if role not in ("user", "assistant", "system"):
-        raise ProtocolError("invalid_value", f"Invalid role: {role!r}", "item.role")
+        raise ProtocolError("invalid_value", f"Invalid role: {clip(role)}", "item.role")
     content = raw.get("content")
     if not isinstance(content, list) or not content:
         raise ProtocolError("missing_required_parameter", "Missing required parameter: 'item.content'.",
@@ -97,13 +102,18 @@ def item_from_client(raw: dict, input_format: AudioFormat) -> Item:
     for i, part in enumerate(content):
         ptype = part.get("type") if isinstance(part, dict) else None
         if ptype not in allowed:
-            raise ProtocolError("invalid_value", f"Content type {ptype!r} is not allowed in a {role} message",
+            raise ProtocolError("invalid_value", f"Content type {clip(ptype)} is not allowed in a {role} message",
                                 f"item.content[{i}].type")
+        bad = [k for k, v in part.items() if k != "type" and not isinstance(v, str | None)]
+        if bad:
+            raise ProtocolError("invalid_type", f"item.content[{i}].{clip(bad[0])} must be a string",
+                                f"item.content[{i}].{clip(bad[0])}")
         if ptype == "input_audio":
             try:
                 pcm = decode(base64.b64decode(part.get("audio") or "", validate=True), input_format)
             except (ValueError, TypeError) as e:
-                raise ProtocolError("invalid_value", f"Invalid audio: {e}", f"item.content[{i}].audio") from None
+                raise ProtocolError("invalid_value", f"Invalid audio: {clip(str(e), 200)}",
+                                    f"item.content[{i}].audio") from None
             audio.append(to_model_rate(pcm, input_format))
             parts.append({"type": "input_audio", "transcript": part.get("transcript")})
         else:

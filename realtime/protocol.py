@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .audio import AudioFormat
+from .vad import VadConfig
 
 _counter = itertools.count(1)
 
@@ -32,6 +37,79 @@ class ProtocolError(Exception):
         error = {"type": self.type, "code": self.code, "message": self.message, "param": self.param,
                  "event_id": client_event_id}
         return {"type": "error", "error": error}
+
+
+MAX_EVENT_CHARS = 24 * 1024 * 1024  # a 15 MiB append in base64, plus room
+MAX_DEPTH = 32  # JSON nesting; the deepest real event (a tool schema) needs far less
+MAX_ECHO = 128  # characters of a client string (event_id, type, id) echoed back in errors
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")  # an escaped UTF-16 surrogate: paired, or a lone one
+_STEP = np.zeros(256, np.int8)
+_STEP[[ord("["), ord("{")]], _STEP[[ord("]"), ord("}")]] = 1, -1
+
+
+def clip(value: Any, n: int = MAX_ECHO) -> str:
+    """A client value as text fit to echo: at most `n` characters."""
+    text = value if isinstance(value, str) else repr(value)[: n + 1]
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def _depth(raw: str) -> int:
+    """Deepest bracket nesting outside strings, found without parsing (vectorised, in 1 MiB chunks)."""
+    if raw.count("[") + raw.count("{") <= MAX_DEPTH:
+        return 0
+    data = np.frombuffer(raw.replace("\\\\", "").replace('\\"', "").encode(), np.uint8)
+    deepest = depth = quotes = 0
+    for i in range(0, len(data), 1 << 20):
+        chunk = data[i : i + (1 << 20)]
+        inside = np.cumsum(chunk == ord('"'), dtype=np.int32) + quotes
+        levels = np.cumsum(np.where(inside % 2 == 0, _STEP[chunk], 0), dtype=np.int32) + depth
+        deepest, depth, quotes = max(deepest, int(levels.max())), int(levels[-1]), int(inside[-1])
+    return deepest
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_event(raw: str | bytes) -> dict:
+    """One client frame -> an event object; size and depth are checked before parsing."""
+    if isinstance(raw, bytes):
+        raise ProtocolError("invalid_event", "Binary frames are not supported; send JSON text events.")
+    if len(raw) > MAX_EVENT_CHARS:
+        raise ProtocolError("invalid_event", f"Event is larger than {MAX_EVENT_CHARS} characters.")
+    if _depth(raw) > MAX_DEPTH:
+        raise ProtocolError("invalid_json", f"Invalid JSON: nested deeper than {MAX_DEPTH} levels.")
+    try:
+        event = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, over-long integer literals, NaN
+        raise ProtocolError("invalid_json", f"Invalid JSON: {clip(str(e), 200)}") from None
+    if not isinstance(event, dict):
+        raise ProtocolError("invalid_event", "An event must be a JSON object.")
+    if _SURROGATE.search(raw) and _lone_surrogate(event):
+        raise ProtocolError("invalid_value", "Strings must be valid Unicode: the event holds an unpaired surrogate "
+                            "escape (\\udXXX).")
+    return event
+
+
+def _lone_surrogate(node: Any) -> bool:
+    stack = [node]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            stack += [*x.keys(), *x.values()]
+        elif isinstance(x, list):
+            stack += x
+        elif isinstance(x, str) and not x.isascii():
+            try:
+                x.encode()
+            except UnicodeEncodeError:
+                return True
+    return False
+
+
+def client_event_id(event: dict) -> str | None:
+    value = event.get("event_id")
+    return clip(value) if isinstance(value, str) else None
 
 
 SPEAKERS = ("ethan", "chelsie", "aiden")
@@ -61,7 +139,7 @@ def default_session(model: str) -> dict:
 
 # The shape of what a client may set: nested dicts are sections, anything else is a leaf validator.
 def _modalities(v: Any) -> None:
-    if not isinstance(v, list) or not v or any(m not in ("text", "audio") for m in v) or len(v) > 1:
+    if v not in (["audio"], ["text"]):
         raise ValueError("must be ['audio'] or ['text']")
 
 
@@ -74,8 +152,29 @@ def _str(v: Any) -> None:
         raise ValueError("must be a string")
 
 
+def _bool(v: Any) -> None:
+    if not isinstance(v, bool):
+        raise ValueError("must be true or false")
+
+
+def _object_or_null(*keys: str) -> Any:
+    """None, or an object of these keys whose values are strings or null."""
+    def check(v: Any) -> None:
+        if v is None:
+            return
+        if not isinstance(v, dict) or set(v) - set(keys) or any(not isinstance(x, str | None) for x in v.values()):
+            raise ValueError(f"must be null or an object with string fields {list(keys)}")
+    return check
+
+
+def _string_map(v: Any) -> None:
+    if v is not None and not (isinstance(v, dict) and len(v) <= 16 and
+                              all(isinstance(x, str) and len(x) <= 512 for x in v.values())):
+        raise ValueError("must be null or an object of at most 16 string values")
+
+
 def _max_tokens(v: Any) -> None:
-    if v != "inf" and not (isinstance(v, int) and 1 <= v <= 4096):
+    if v != "inf" and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 4096):
         raise ValueError("must be an integer in 1..4096 or 'inf'")
 
 
@@ -88,32 +187,78 @@ def _turn_detection(v: Any) -> None:
     unknown = set(v) - set(allowed)
     if unknown:
         raise ValueError(f"unknown field(s) {sorted(unknown)}")
-    if "threshold" in v and not (isinstance(v["threshold"], int | float) and 0 <= v["threshold"] <= 1):
-        raise ValueError("threshold must be in [0, 1]")
-    for key in ("prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms"):
-        if v.get(key) is not None and not (isinstance(v[key], int) and 0 <= v[key] <= 600_000):
-            raise ValueError(f"{key} must be a non-negative integer (ms)")
-    if v.get("eagerness", "auto") not in ("low", "medium", "high", "auto"):
-        raise ValueError("eagerness must be low, medium, high or auto")
+    VadConfig.from_config({**allowed, **v})  # the detector's own rules, before anything is applied
 
 
 def _tools(v: Any) -> None:
-    if not isinstance(v, list):
-        raise ValueError("must be a list")
+    if not isinstance(v, list) or len(v) > 128:
+        raise ValueError("must be a list of at most 128 tools")
     for t in v:
-        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("name"), str):
-            raise ValueError("each tool must be {'type': 'function', 'name': ..., 'parameters': {...}}")
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("name"), str) or \
+                not t["name"] or set(t) - {"type", "name", "description", "parameters"} or \
+                not isinstance(t.get("description", ""), str) or not isinstance(t.get("parameters", {}), dict):
+            raise ValueError("each tool must be {'type': 'function', 'name': ..., 'description': ..., "
+                             "'parameters': {...}}")
 
 
 def _tool_choice(v: Any) -> None:
     if v in ("auto", "none", "required"):
         return
-    if not (isinstance(v, dict) and v.get("type") == "function" and isinstance(v.get("name"), str)):
+    if not (isinstance(v, dict) and v.get("type") == "function" and isinstance(v.get("name"), str)
+            and set(v) == {"type", "name"}):
         raise ValueError("must be 'auto', 'none', 'required' or {'type': 'function', 'name': ...}")
 
 
-def _any(v: Any) -> None:
-    return None
+def _voice(v: Any) -> None:
+    if not (isinstance(v, str) and 0 < len(v) <= 64) and not (isinstance(v, dict) and set(v) == {"id"}
+                                                             and isinstance(v["id"], str)):
+        raise ValueError("must be a voice name or {'id': ...}")
+
+
+def _speed(v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0.25 <= v <= 1.5:
+        raise ValueError("must be a number in [0.25, 1.5]")
+
+
+def _tracing(v: Any) -> None:
+    if v in (None, "auto"):
+        return
+    if not isinstance(v, dict) or set(v) - {"workflow_name", "group_id", "metadata"} or \
+            any(not isinstance(v.get(k), str | None) for k in ("workflow_name", "group_id")):
+        raise ValueError("must be null, 'auto' or {'workflow_name': ..., 'group_id': ..., 'metadata': {...}}")
+    _string_map(v.get("metadata"))
+
+
+def _include(v: Any) -> None:
+    if v is not None and not (isinstance(v, list) and all(x == "item.input_audio_transcription.logprobs" for x in v)):
+        raise ValueError("must be null or ['item.input_audio_transcription.logprobs']")
+
+
+def _prompt(v: Any) -> None:
+    if v is None:
+        return
+    if not isinstance(v, dict) or not isinstance(v.get("id"), str) or set(v) - {"id", "version", "variables"} \
+            or not isinstance(v.get("version", ""), str | None) or not isinstance(v.get("variables", {}), dict | None):
+        raise ValueError("must be null or {'id': ..., 'version': ..., 'variables': {...}}")
+
+
+def _truncation(v: Any) -> None:
+    if v in ("auto", "disabled"):
+        return
+    ratio = v.get("retention_ratio") if isinstance(v, dict) else None
+    limits = v.get("token_limits") if isinstance(v, dict) else None
+    if not isinstance(v, dict) or v.get("type") != "retention_ratio" or set(v) - {"type", "retention_ratio",
+                                                                                 "token_limits"} \
+            or isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 <= ratio <= 1 \
+            or not (limits is None or isinstance(limits, dict) and set(limits) <= {"post_instructions"} and
+                    isinstance(limits.get("post_instructions", 1), int)):
+        raise ValueError("must be 'auto', 'disabled' or {'type': 'retention_ratio', 'retention_ratio': 0..1}")
+
+
+def _noise_reduction(v: Any) -> None:
+    if v is not None and not (isinstance(v, dict) and set(v) <= {"type"}
+                              and v.get("type", "near_field") in ("near_field", "far_field")):
+        raise ValueError("must be null or {'type': 'near_field' | 'far_field'}")
 
 
 def _session_type(v: Any) -> None:
@@ -124,12 +269,12 @@ def _session_type(v: Any) -> None:
 SCHEMA: dict = {
     "type": _session_type,
     "model": _str, "instructions": _str, "output_modalities": _modalities, "tools": _tools,
-    "tool_choice": _tool_choice, "max_output_tokens": _max_tokens, "tracing": _any, "truncation": _any,
-    "prompt": _any, "include": _any, "parallel_tool_calls": _any,
+    "tool_choice": _tool_choice, "max_output_tokens": _max_tokens, "tracing": _tracing, "truncation": _truncation,
+    "prompt": _prompt, "include": _include, "parallel_tool_calls": _bool,
     "audio": {
-        "input": {"format": _format, "transcription": _any, "noise_reduction": _any,
-                  "turn_detection": _turn_detection},
-        "output": {"format": _format, "voice": _any, "speed": _any},
+        "input": {"format": _format, "transcription": _object_or_null("model", "language", "prompt"),
+                  "noise_reduction": _noise_reduction, "turn_detection": _turn_detection},
+        "output": {"format": _format, "voice": _voice, "speed": _speed},
     },
 }
 
@@ -143,6 +288,7 @@ def merge_update(current: dict, update: Any, schema: dict = SCHEMA, path: str = 
     for key, value in update.items():
         where = f"{path}.{key}"
         if key not in schema:
+            where = clip(where)
             raise ProtocolError("unknown_parameter", f"Unknown parameter: '{where}'.", where)
         rule = schema[key]
         if isinstance(rule, dict):
@@ -151,13 +297,20 @@ def merge_update(current: dict, update: Any, schema: dict = SCHEMA, path: str = 
         try:
             rule(value)
         except ValueError as e:
-            raise ProtocolError("invalid_value", f"Invalid value for '{where}': {e}.", where) from None
+            raise ProtocolError("invalid_value", f"Invalid value for '{where}': {clip(str(e), 300)}.", where) from None
         if key == "turn_detection" and value is not None:
             defaults = SERVER_VAD_DEFAULTS if value["type"] == "server_vad" else SEMANTIC_VAD_DEFAULTS
             prev = out.get(key) if (out.get(key) or {}).get("type") == value["type"] else {}
             value = {**defaults, **(prev or {}), **value}
         out[key] = copy.deepcopy(value)
     return out
+
+
+def check_metadata(value: Any, where: str) -> None:
+    try:
+        _string_map(value)
+    except ValueError as e:
+        raise ProtocolError("invalid_value", f"Invalid value for '{where}': {e}.", where) from None
 
 
 def speaker_for(voice: Any) -> str:
@@ -169,6 +322,6 @@ def speaker_for(voice: Any) -> str:
 def require(event: dict, key: str, kind: type | tuple[type, ...] = str) -> Any:
     if key not in event or event[key] is None:
         raise ProtocolError("missing_required_parameter", f"Missing required parameter: '{key}'.", key)
-    if not isinstance(event[key], kind):
+    if not isinstance(event[key], kind) or (isinstance(event[key], bool) and kind is int):
         raise ProtocolError("invalid_type", f"Invalid type for '{key}'.", key)
     return event[key]

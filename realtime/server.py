@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
+import ctypes
 import json
 import logging
 import socket
 import ssl
 import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,12 +23,14 @@ from pipelines.pipeline import Pipeline
 
 from .logs import SessionTrail
 from .metrics import Metrics
+from .protocol import MAX_EVENT_CHARS
+from .security import KEY_PROTOCOL, Gate, is_loopback, key_matches, redact_logs
 from .session import Limits, RealtimeSession
 
 log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).resolve().parents[1] / "web"
-KEY_PROTOCOL = "openai-insecure-api-key."
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus text exposition
+INVALID_KEY = {"error": {"message": "Invalid API key", "type": "invalid_request_error", "code": "invalid_api_key"}}
 
 
 @dataclass(frozen=True)
@@ -33,9 +38,44 @@ class ServerConfig:
     model_name: str = "qwen3-omni"
     api_key: str | None = None
     max_sessions: int = 32
+    max_sessions_per_client: int = 16  # per client address
     max_session_s: float = 3600.0
-    max_queued_events: int = 4096  # a client this far behind on reading is disconnected
+    max_queued_events: int = 4096  # a client this far behind on reading is disconnected...
+    max_queued_bytes: int = 16 * 1024 * 1024  # ...or this many bytes behind
+    close_timeout_s: float = 2.0  # the longest a close handshake may take before the connection is cut
+    allowed_origins: tuple[str, ...] = ()  # browser origins besides the server's own host ("*": any)
+    bind_host: str = "127.0.0.1"  # loopback: localhost origins of any port are allowed too
+    audio_workers: int = 2  # threads for the sessions' audio work
     limits: Limits = Limits()
+
+
+class Outbox:
+    """One session's events on their way to the socket, bounded in count and in bytes: a client that falls
+    this far behind is not reading, and its session is closed rather than buffered without end."""
+
+    def __init__(self, max_events: int, max_bytes: int) -> None:
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self.max_events, self.max_bytes, self.bytes = max_events, max_bytes, 0
+        self.overflow = asyncio.Event()
+        self.closing = False
+
+    def put(self, event: dict) -> None:
+        if self.overflow.is_set():
+            return
+        text = json.dumps(event)
+        if self.queue.qsize() >= self.max_events or self.bytes + len(text) > self.max_bytes:
+            self.overflow.set()  # never block the pipeline or other sessions on one slow reader
+            return
+        self.bytes += len(text)
+        self.queue.put_nowait(text)
+
+    async def get(self) -> str | None:
+        text = await self.queue.get()
+        self.bytes -= len(text or "")
+        return text
+
+    def end(self) -> None:
+        self.queue.put_nowait(None)
 
 
 class Server:
@@ -43,40 +83,76 @@ class Server:
         self.pipeline, self.cfg = pipeline, cfg
         self.metrics = Metrics()
         self.started = time.time()
-        self.sockets: set[web.WebSocketResponse] = set()
+        self.gate = Gate(cfg.api_key, cfg.allowed_origins, is_loopback(cfg.bind_host))
+        self.sockets: dict[web.WebSocketResponse, web.Request] = {}
+        self.per_client: Counter[str] = Counter()
+        self.audio = ThreadPoolExecutor(cfg.audio_workers, thread_name_prefix="audio")
+        redact_logs(cfg.api_key)
+        _return_large_frees()
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=32 * 1024 * 1024)
+        app = web.Application(client_max_size=1024 * 1024, middlewares=[self._check_browser])
         app.router.add_get("/v1/realtime", self.realtime)
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics_text)
         app.on_shutdown.append(self._close_sockets)
+        app.on_cleanup.append(self._stop_workers)
         if WEB_DIR.is_dir():
             app.router.add_get("/", self.index)
             app.router.add_static("/static/", WEB_DIR)
         return app
 
+    @web.middleware
+    async def _check_browser(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        host = request.headers.get("Host", "")
+        if not self.gate.host_ok(host):
+            return _refuse(403, "host_not_allowed", "Host not allowed: set --api-key or list it in --allowed-origins.")
+        if not self.gate.origin_ok(request.headers.get("Origin"), host):
+            return _refuse(403, "origin_not_allowed", "Origin not allowed: list it in --allowed-origins.")
+        return await handler(request)
+
     async def _close_sockets(self, app: web.Application) -> None:
-        for ws in list(self.sockets):
-            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+        log.info("shutting down: closing %d sockets", len(self.sockets))
+        await asyncio.gather(*(self._close(ws, request, WSCloseCode.GOING_AWAY, b"server shutting down")
+                               for ws, request in list(self.sockets.items())), return_exceptions=True)
+        log.info("sockets closed")
+
+    async def _stop_workers(self, app: web.Application) -> None:
+        self.audio.shutdown(wait=False, cancel_futures=True)
+
+    async def _close(self, ws: web.WebSocketResponse, request: web.Request, code: int, message: bytes) -> None:
+        """The close handshake, bounded in time; a client that does not take the close frame is cut off."""
+        done = False
+        try:
+            await asyncio.wait_for(ws.close(code=code, message=message), self.cfg.close_timeout_s)
+            done = True
+        except Exception:
+            pass
+        finally:
+            transport = request.transport
+            if transport is not None and (not done or transport.get_write_buffer_size()):
+                transport.abort()
 
     async def health(self, request: web.Request) -> web.Response:
+        """Liveness for anyone; the internals only for a caller with the key."""
         ok = self.pipeline.alive
-        body = {"status": "ok" if ok else "engine_stopped", "model": self.cfg.model_name,
-                "sessions": self.metrics.sessions,
-                "last_error": None if self.pipeline.error is None else repr(self.pipeline.error)}
+        body: dict = {"status": "ok" if ok else "engine_stopped"}
+        if self.cfg.api_key and self._authorized(request, None):
+            body |= {"model": self.cfg.model_name, "sessions": self.metrics.sessions,
+                     "last_error": None if self.pipeline.error is None else repr(self.pipeline.error)}
         return web.json_response(body, status=200 if ok else 503)
 
     async def models(self, request: web.Request) -> web.Response:
         if not self._authorized(request, None):
-            return web.json_response({"error": {"message": "Invalid API key", "type": "invalid_request_error",
-                                                "code": "invalid_api_key"}}, status=401)
+            return web.json_response(INVALID_KEY, status=401)
         model = {"id": self.cfg.model_name, "object": "model", "created": int(self.started),
                  "owned_by": "omni-realtime"}
         return web.json_response({"object": "list", "data": [model]})
 
     async def metrics_text(self, request: web.Request) -> web.Response:
+        if not self._authorized(request, None):
+            return web.json_response(INVALID_KEY, status=401)
         return web.Response(body=await self.metrics.scrape(self.pipeline), headers={"Content-Type": CONTENT_TYPE})
 
     async def index(self, request: web.Request) -> web.FileResponse:
@@ -87,86 +163,125 @@ class Server:
             return True
         header = request.headers.get("Authorization", "")
         given = header[7:] if header.startswith("Bearer ") else (key_protocol or "")[len(KEY_PROTOCOL):]
-        return hmac.compare_digest(given.encode(), self.cfg.api_key.encode())
+        return key_matches(given, self.cfg.api_key)
 
     async def realtime(self, request: web.Request) -> web.StreamResponse:
         offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
         key_protocol = next((p for p in offered if p.startswith(KEY_PROTOCOL)), None)
         if not self._authorized(request, key_protocol):
-            return web.json_response({"error": {"message": "Invalid API key", "type": "invalid_request_error",
-                                                "code": "invalid_api_key"}}, status=401)
+            return web.json_response(INVALID_KEY, status=401)
         ws = web.WebSocketResponse(protocols=["realtime"] if "realtime" in offered else (), heartbeat=30,
-                                   max_msg_size=32 * 1024 * 1024)
+                                   max_msg_size=MAX_EVENT_CHARS, timeout=self.cfg.close_timeout_s)
         await ws.prepare(request)
-        if self.metrics.sessions >= self.cfg.max_sessions:
+        client = request.remote or "unknown"
+        if self.metrics.sessions >= self.cfg.max_sessions or \
+                self.per_client[client] >= self.cfg.max_sessions_per_client:
             self.metrics.rejected_total += 1
-            await ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=b"server at max sessions; try again later")
+            full = self.metrics.sessions >= self.cfg.max_sessions
+            await self._close(ws, request, WSCloseCode.TRY_AGAIN_LATER,
+                              b"server at max sessions" if full else b"too many sessions from this address")
             return ws
         self.metrics.sessions += 1
         self.metrics.sessions_total += 1
-        self.sockets.add(ws)
+        self.per_client[client] += 1
+        self.sockets[ws] = request
+        released = False
+
+        def release() -> None:
+            """Free the slot, once: at the close or as soon as the server decides to drop the client."""
+            nonlocal released
+            if not released:
+                released = True
+                self.metrics.sessions -= 1
+                self.per_client[client] -= 1
+                if not self.per_client[client]:
+                    del self.per_client[client]
+                self.sockets.pop(ws, None)
+
         try:
-            await self._serve(ws, request.query.get("model") or self.cfg.model_name)
+            await self._serve(ws, request, request.query.get("model") or self.cfg.model_name, release)
         finally:
-            self.metrics.sessions -= 1
-            self.sockets.discard(ws)
+            release()
         return ws
 
-    async def _serve(self, ws: web.WebSocketResponse, model: str) -> None:
-        outbox: asyncio.Queue[dict | None] = asyncio.Queue()
-        too_slow = asyncio.Event()
+    async def _serve(self, ws: web.WebSocketResponse, request: web.Request, model: str,
+                     release: Callable[[], None]) -> None:
+        outbox = Outbox(self.cfg.max_queued_events, self.cfg.max_queued_bytes)
 
         def send(event: dict) -> None:
             trail.saw(event)
-            if outbox.qsize() >= self.cfg.max_queued_events:
-                too_slow.set()  # never block the pipeline or other sessions on one slow reader
-                return
-            outbox.put_nowait(event)
+            outbox.put(event)
 
-        session = RealtimeSession(send, self.pipeline, model, self.metrics, self.cfg.limits)
+        session = RealtimeSession(send, self.pipeline, model, self.metrics, self.cfg.limits, self.audio)
         trail = SessionTrail(session.config["id"], model, self.metrics)
         writer = asyncio.create_task(self._write(ws, outbox))
-        watchdog = asyncio.create_task(self._watch(ws, session, too_slow))
+        watchdog = asyncio.create_task(self._watch(ws, request, session, outbox, release))
         session.start()
         try:
             async for msg in ws:
                 if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
                     await session.handle(msg.data)
+                    await asyncio.sleep(0)  # a client with many frames buffered takes turns with the others
                 elif msg.type == WSMsgType.ERROR:
                     break
+                del msg  # a frame of many MiB must not stay alive while the client idles
         finally:
             await session.close()
+            if outbox.closing:  # let the watchdog finish its bounded close
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(watchdog), self.cfg.close_timeout_s + 1)
             trail.closed(ws.close_code)
             watchdog.cancel()
-            outbox.put_nowait(None)
+            outbox.end()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(writer, timeout=5)
+                await asyncio.wait_for(writer, timeout=self.cfg.close_timeout_s)
             writer.cancel()
 
-    async def _write(self, ws: web.WebSocketResponse, outbox: asyncio.Queue[dict | None]) -> None:
-        while (event := await outbox.get()) is not None:
+    async def _write(self, ws: web.WebSocketResponse, outbox: Outbox) -> None:
+        while (text := await outbox.get()) is not None:
             if ws.closed:
                 return
             try:
-                await ws.send_str(json.dumps(event))
+                await ws.send_str(text)
             except (ConnectionResetError, RuntimeError):
                 return
 
-    async def _watch(self, ws: web.WebSocketResponse, session: RealtimeSession, too_slow: asyncio.Event) -> None:
+    async def _watch(self, ws: web.WebSocketResponse, request: web.Request, session: RealtimeSession,
+                     outbox: Outbox, release: Callable[[], None]) -> None:
         try:
-            await asyncio.wait_for(too_slow.wait(), timeout=self.cfg.max_session_s)
-            log.warning("closing a session whose client does not read its events")
-            await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"client is not reading events")
+            await asyncio.wait_for(outbox.overflow.wait(), timeout=self.cfg.max_session_s)
         except TimeoutError:
             session.send({"type": "error", "error": {"type": "invalid_request_error", "code": "session_expired",
                                                      "message": "Your session hit the maximum duration.",
                                                      "param": None, "event_id": None}})
             await asyncio.sleep(0.2)
-            await ws.close(code=WSCloseCode.OK, message=b"session expired")
+            outbox.closing = True
+            await self._close(ws, request, WSCloseCode.OK, b"session expired")
+            return
+        log.warning("closing a session whose client does not read its events")
+        outbox.closing = True
+        release()
+        await self._close(ws, request, WSCloseCode.POLICY_VIOLATION, b"client is not reading events")
+
+
+def _return_large_frees() -> None:
+    """glibc's default raises its mmap threshold as big blocks are freed, then keeps them in the heap: a burst of
+    16 MiB frames left ~64 MiB held after they were gone. A fixed threshold maps every block of 1 MiB or more
+    (frames, audio) on its own, so freeing it gives it back to the system."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+
+
+def _refuse(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": "invalid_request_error", "code": code}},
+                             status=status)
 
 
 def run(pipeline: Pipeline, cfg: ServerConfig, sock: socket.socket, ssl_context: ssl.SSLContext | None = None) -> None:
-    """Serve on `sock` (bound and listening already: a port in use fails before the model loads)."""
+    """Serve on `sock` (bound and listening already: a port in use fails before the model loads) until
+    SIGTERM or SIGINT, then close every socket (1001) within cfg.close_timeout_s and return."""
     server = Server(pipeline, cfg)
     with pipeline:
-        web.run_app(server.app(), sock=sock, ssl_context=ssl_context, print=None)
+        web.run_app(server.app(), sock=sock, ssl_context=ssl_context, print=None,
+                    shutdown_timeout=cfg.close_timeout_s + 1)
+        log.info("server stopped; stopping the engine")

@@ -10,7 +10,9 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -21,13 +23,27 @@ from . import logs
 from .audio import AudioFormat, decode, to_model_rate
 from .items import Conversation, Item, item_from_client, to_messages, user_audio_item
 from .metrics import Metrics
-from .protocol import ProtocolError, default_session, merge_update, new_id, require, speaker_for
+from .protocol import (
+    ProtocolError,
+    check_metadata,
+    client_event_id,
+    clip,
+    default_session,
+    merge_update,
+    new_id,
+    parse_event,
+    require,
+    speaker_for,
+)
 from .response import Response
 from .vad import IdleTimeout, ServerVad, SpeechStarted, SpeechStopped, VadConfig
 
 log = logging.getLogger(__name__)
 MAX_APPEND_BYTES = 15 * 1024 * 1024
 MIN_COMMIT_MS = 100
+PARSE_OFF_LOOP_CHARS = 1 << 20  # larger frames are parsed on the audio worker
+SERVER_ERROR = ProtocolError("server_error", "The server had an error while processing your request.",
+                             type="server_error")
 
 
 @dataclass(frozen=True)
@@ -36,16 +52,43 @@ class Limits:
     max_text_tokens: int = 1024  # for max_output_tokens "inf"
     max_frames: int = 1500  # 2 minutes of speech per response
     transcription_tokens: int = 256
+    max_buffer_bytes: int = 64 * 1024 * 1024  # input audio held before a commit, as float32 samples
+    max_appends_per_s: float = 500.0  # sustained append rate; bursts up to append_burst
+    append_burst: int = 1000
+    max_items: int = 4096  # conversation items kept per session
+
+
+def _decode_append(data: str, fmt: AudioFormat, vad: ServerVad | None, arm_idle: bool) -> tuple[torch.Tensor, list]:
+    """The audio work of one append, on the worker: base64 -> samples, and the turn detector's events."""
+    try:
+        pcm = decode(base64.b64decode(data, validate=True), fmt)
+    except (binascii.Error, ValueError) as e:
+        raise ProtocolError("invalid_value", f"Invalid 'audio': not valid base64 audio ({e}).", "audio") from None
+    if vad is None:
+        return pcm, []
+    if arm_idle:
+        vad.arm_idle(vad.position_ms)
+    return pcm, vad.push(to_model_rate(pcm, fmt))
+
+
+def _items_from_client(raws: list, fmt: AudioFormat) -> list[Item]:
+    return [item_from_client(raw, fmt) for raw in raws]
 
 
 class RealtimeSession:
     def __init__(self, send: Callable[[dict], None], pipeline: Pipeline, model: str, metrics: Metrics,
-                 limits: Limits = Limits()) -> None:
+                 limits: Limits = Limits(), executor: Executor | None = None) -> None:
+        """`executor` runs the audio work (decoding, resampling, turn detection) off the event loop; a
+        session hands it one job at a time, so its audio stays in order."""
         self._send_raw, self.pipeline, self.metrics, self.limits = send, pipeline, metrics, limits
+        self.executor = executor
+        self._tokens, self._refilled = float(limits.append_burst), time.monotonic()
+        self._arm_idle = False
         self.config = default_session(model)
         self.conversation = Conversation()
         self.buffer: list[torch.Tensor] = []  # input audio at the input format's rate
         self.buffer_ms = 0.0
+        self.buffer_bytes = 0
         self.clock_ms = 0.0  # all input audio of the session (the VAD's and the protocol's time line)
         self.vad: ServerVad | None = None
         self.speech_item: str | None = None
@@ -74,25 +117,27 @@ class RealtimeSession:
 
     # -- client events -----------------------------------------------------------------------------
     async def handle(self, raw: str | bytes) -> None:
+        """One client frame. Whatever goes wrong becomes an error event; the session goes on."""
         event_id = None
         try:
-            if isinstance(raw, bytes):
-                raise ProtocolError("invalid_event", "Binary frames are not supported; send JSON text events.")
-            try:
-                event = json.loads(raw)
-            except json.JSONDecodeError as e:
-                raise ProtocolError("invalid_json", f"Invalid JSON: {e}") from None
-            if not isinstance(event, dict):
-                raise ProtocolError("invalid_event", "An event must be a JSON object.")
-            event_id = event.get("event_id")
+            big = isinstance(raw, str) and len(raw) > PARSE_OFF_LOOP_CHARS
+            event = await self._off(parse_event, raw) if big else parse_event(raw)
+            event_id = client_event_id(event)
             handler = HANDLERS.get(require(event, "type"))
             if handler is None:
-                raise ProtocolError("invalid_value", f"Invalid value: '{event['type']}'. Not a client event type.",
-                                    "type")
+                raise ProtocolError("invalid_value", f"Invalid value: '{clip(event['type'])}'. Not a client event "
+                                    "type.", "type")
             await handler(self, event)
         except ProtocolError as e:
             self.metrics.error(e.code)
             self.send(e.event(event_id))
+        except Exception:
+            log.exception("session %s: a client event failed", self.config.get("id"))
+            self.metrics.error(SERVER_ERROR.code)
+            self.send(SERVER_ERROR.event(event_id))
+
+    async def _off(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     async def session_update(self, event: dict) -> None:
         self.config = merge_update(self.config, require(event, "session", dict))
@@ -103,19 +148,36 @@ class RealtimeSession:
         data = require(event, "audio")
         if len(data) > MAX_APPEND_BYTES * 4 // 3 + 4:
             raise ProtocolError("invalid_value", "Audio chunk is larger than 15 MiB.", "audio")
-        try:
-            pcm = decode(base64.b64decode(data, validate=True), self.input_format)
-        except (binascii.Error, ValueError) as e:
-            raise ProtocolError("invalid_value", f"Invalid 'audio': not valid base64 audio ({e}).", "audio") from None
-        if self.buffer_ms / 1000 > self.limits.max_buffer_s:
+        if not self._take_append_token():
+            raise ProtocolError("rate_limit_exceeded", f"Too many input_audio_buffer.append events: at most "
+                                f"{self.limits.max_appends_per_s:g} per second; send larger chunks.")
+        fmt = self.input_format
+        held = len(data) * 3 // 4 // fmt.bytes_per_sample * 4
+        if self.buffer_ms / 1000 > self.limits.max_buffer_s or \
+                self.buffer_bytes + held > self.limits.max_buffer_bytes:
             raise ProtocolError("input_audio_buffer_full", "Input audio buffer is full; commit or clear it.")
+        arm, self._arm_idle = self._arm_idle, False
+        try:
+            pcm, events = await self._off(_decode_append, data, fmt, self.vad, arm)
+        except ProtocolError:
+            self._arm_idle |= arm  # not armed: the timer starts with the next good append
+            raise
         self.buffer.append(pcm)
-        ms = len(pcm) * 1000 / self.input_format.rate
+        ms = len(pcm) * 1000 / fmt.rate
         self.buffer_ms += ms
+        self.buffer_bytes += pcm.numel() * 4
         self.clock_ms += ms
-        if self.vad is not None:
-            for ev in self.vad.push(to_model_rate(pcm, self.input_format)):
-                await self._vad_event(ev)
+        for ev in events:
+            await self._vad_event(ev)
+
+    def _take_append_token(self) -> bool:
+        now = time.monotonic()
+        rate, burst = self.limits.max_appends_per_s, self.limits.append_burst
+        self._tokens, self._refilled = min(burst, self._tokens + (now - self._refilled) * rate), now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
 
     async def _vad_event(self, ev: SpeechStarted | SpeechStopped | IdleTimeout) -> None:
         td = self.config["audio"]["input"]["turn_detection"]
@@ -123,7 +185,7 @@ class RealtimeSession:
             item_id = new_id("item")
             self.send({"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": ev.audio_start_ms,
                        "audio_end_ms": ev.audio_end_ms, "item_id": item_id})
-            if self._commit(item_id) and td.get("create_response", True):
+            if await self._commit(item_id) and td.get("create_response", True):
                 self._respond_when_idle()
             return
         if isinstance(ev, SpeechStarted):
@@ -137,7 +199,7 @@ class RealtimeSession:
         self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": int(ev.audio_end_ms),
                    "item_id": item_id})
         self.speech_item = None
-        if self._commit(item_id) and td.get("create_response", True):
+        if await self._commit(item_id) and td.get("create_response", True):
             self._respond_when_idle()
 
     def _respond_when_idle(self) -> None:
@@ -152,14 +214,15 @@ class RealtimeSession:
             raise ProtocolError("input_audio_buffer_commit_empty",
                                 f"Error committing input audio buffer: buffer too small. Expected at least "
                                 f"{MIN_COMMIT_MS}ms of audio, but buffer only has {self.buffer_ms:.2f}ms of audio.")
-        self._commit(new_id("item"))
+        await self._commit(new_id("item"))
 
-    def _commit(self, item_id: str) -> bool:
+    async def _commit(self, item_id: str) -> bool:
         if self.buffer_ms < MIN_COMMIT_MS:
             self._clear_buffer()
             return False
-        audio = to_model_rate(torch.cat(self.buffer), self.input_format)
+        buffer, fmt = self.buffer, self.input_format
         self._clear_buffer()
+        audio = await self._off(lambda: to_model_rate(torch.cat(buffer), fmt))
         self.committed_at = time.perf_counter()
         item = user_audio_item(item_id, audio)
         prev = self.conversation.insert(item)
@@ -175,12 +238,18 @@ class RealtimeSession:
         self.send({"type": "input_audio_buffer.cleared"})
 
     def _clear_buffer(self, restart_vad: bool = False) -> None:
-        self.buffer, self.buffer_ms = [], 0.0
+        self.buffer, self.buffer_ms, self.buffer_bytes = [], 0.0, 0
         if restart_vad and self.vad is not None:
             self.vad.reset(int(self.clock_ms))
 
     async def item_create(self, event: dict) -> None:
-        item = item_from_client(require(event, "item", dict), self.input_format)
+        raw = require(event, "item", dict)
+        if len(self.conversation.items) >= self.limits.max_items:
+            raise ProtocolError("conversation_full", f"The conversation holds {self.limits.max_items} items; "
+                                "delete some first.")
+        item, = await self._off(_items_from_client, [raw], self.input_format)
+        if any(i.id == item.id for i in self.conversation.items):
+            raise ProtocolError("invalid_value", f"Item {clip(item.id)} already exists.", "item.id")
         prev = self.conversation.insert(item, event.get("previous_item_id"))
         self.send({"type": "conversation.item.added", "previous_item_id": prev, "item": item.data})
         self.send({"type": "conversation.item.done", "previous_item_id": prev, "item": item.data})
@@ -228,10 +297,19 @@ class RealtimeSession:
             raise ProtocolError("conversation_already_has_active_response",
                                 f"Conversation already has an active response in progress: {self.response.id}. "
                                 "Wait until the response is finished before creating a new one.")
-        spec = event.get("response") or {}
+        spec = {} if event.get("response") is None else event["response"]
         if not isinstance(spec, dict):
             raise ProtocolError("invalid_type", "'response' must be an object", "response")
-        self._start_response(spec)
+        self._response_config(spec)  # every check before any work
+        inputs = spec.get("input")
+        if inputs is not None:
+            if not isinstance(inputs, list) or len(inputs) > self.limits.max_items:
+                raise ProtocolError("invalid_type", "'response.input' must be a list of items", "response.input")
+            inputs = await self._off(_items_from_client, inputs, self.input_format)
+            if self.response is not None:  # a turn-detected response started meanwhile
+                raise ProtocolError("conversation_already_has_active_response",
+                                    f"Conversation already has an active response in progress: {self.response.id}.")
+        self._start_response(spec, inputs)
 
     async def response_cancel(self, event: dict) -> None:
         if self.response is None:
@@ -239,20 +317,26 @@ class RealtimeSession:
         self._cancel("client_cancelled")
 
     # -- responses ---------------------------------------------------------------------------------
-    def _start_response(self, spec: dict) -> None:
+    def _response_config(self, spec: dict) -> dict:
+        """The session config with a response.create's overrides, every field checked."""
         allowed = {"conversation", "metadata", "input", "instructions", "output_modalities", "tools",
                    "tool_choice", "max_output_tokens", "audio", "prompt", "tracing"}
-        unknown = set(spec) - allowed
+        unknown = sorted(clip(k) for k in set(spec) - allowed)
         if unknown:
-            raise ProtocolError("unknown_parameter", f"Unknown parameter: 'response.{sorted(unknown)[0]}'.",
-                                f"response.{sorted(unknown)[0]}")
+            raise ProtocolError("unknown_parameter", f"Unknown parameter: 'response.{unknown[0]}'.",
+                                f"response.{unknown[0]}")
         overrides = {k: spec[k] for k in ("instructions", "output_modalities", "tools", "tool_choice",
-                                          "max_output_tokens", "audio") if k in spec}
+                                          "max_output_tokens", "audio", "prompt", "tracing") if k in spec}
         cfg = merge_update(self.config, overrides, path="response")
-        out_of_band = spec.get("conversation", "auto") == "none"
         if spec.get("conversation", "auto") not in ("auto", "none"):
             raise ProtocolError("invalid_value", "conversation must be 'auto' or 'none'", "response.conversation")
-        session, messages = self._messages(cfg, spec.get("input"), out_of_band)
+        check_metadata(spec.get("metadata"), "response.metadata")
+        return cfg
+
+    def _start_response(self, spec: dict, inputs: list[Item] | None = None) -> None:
+        cfg = self._response_config(spec)
+        out_of_band = spec.get("conversation", "auto") == "none"
+        session, messages = self._messages(cfg, inputs, out_of_band)
         limit = cfg["max_output_tokens"]
         modality = cfg["output_modalities"][0]
         opts = GenerationOptions(
@@ -272,25 +356,25 @@ class RealtimeSession:
         response.created()
         self.task = asyncio.create_task(self._run(response, turn, out_of_band))
 
-    def _messages(self, cfg: dict, inputs: list | None, out_of_band: bool) -> tuple[str, list[Message]]:
+    def _messages(self, cfg: dict, inputs: list[Item] | None, out_of_band: bool) -> tuple[str, list[Message]]:
         """The pipeline session and the messages it has not seen yet (all of them after a reset)."""
         context = (cfg["instructions"], json.dumps(cfg["tools"]), json.dumps(cfg["tool_choice"]))
         system = [Message("system", cfg["instructions"])] if cfg["instructions"] else []
         if out_of_band or inputs is not None:
-            items = [item_from_client(i, self.input_format) for i in inputs] if inputs is not None \
-                else self.conversation.items
-            return new_id("oob"), system + to_messages(items)
+            messages = system + to_messages(inputs if inputs is not None else self.conversation.items)
+            if not messages:
+                raise ProtocolError("invalid_value", "Nothing to respond to.", "response.input")
+            return new_id("oob"), messages
         ids = [i.id for i in self.conversation.items]
-        if context == self.sent_context and ids[: len(self.sent)] == self.sent:
-            new = self.conversation.items[len(self.sent):]
-            messages = to_messages(new)
-        else:
-            self.pipeline.end_session(self.pipe_session)
-            self.pipe_session = new_id("pipe")
-            messages = system + to_messages(self.conversation.items)
-        self.sent, self.sent_context = ids, context
+        reuse = context == self.sent_context and ids[: len(self.sent)] == self.sent
+        messages = to_messages(self.conversation.items[len(self.sent):]) if reuse \
+            else system + to_messages(self.conversation.items)
         if not messages:
             raise ProtocolError("invalid_value", "Nothing new in the conversation to respond to.")
+        if not reuse:
+            self.pipeline.end_session(self.pipe_session)
+            self.pipe_session = new_id("pipe")
+        self.sent, self.sent_context = ids, context
         return self.pipe_session, messages
 
     async def _run(self, response: Response, turn: Turn, out_of_band: bool) -> None:
@@ -316,8 +400,10 @@ class RealtimeSession:
                     self._start_response({})
                 except ProtocolError as e:
                     self.send(e.event(None))
-            if self.vad is not None:
-                self.vad.arm_idle(self.vad.position_ms)
+                except Exception:
+                    log.exception("response after a barge-in failed to start")
+                    self.send(SERVER_ERROR.event(None))
+            self._arm_idle = True  # the idle timer starts at the audio clock's next push
 
     def _cancel(self, reason: str) -> None:
         if self.response is not None and self.response.status == "in_progress":

@@ -60,6 +60,16 @@ class VadConfig:
     min_speech_ms: int | None = None  # not in the protocol: voiced run needed to start speech (None: by mode)
 
     def __post_init__(self) -> None:
+        ints = ("prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms", "min_speech_ms")
+        for key in ints:
+            v = getattr(self, key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v > 3_600_000):
+                raise ValueError(f"{key} must be an integer number of ms (at most an hour), got {v!r}")
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, int | float):
+            raise ValueError(f"invalid {self.type} threshold {self.threshold!r}: must be a number")
+        for key in ("create_response", "interrupt_response"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{key} must be true or false, got {getattr(self, key)!r}")
         if self.type not in ("server_vad", "semantic_vad"):
             raise ValueError(f"unsupported turn_detection type {self.type!r}; expected server_vad or semantic_vad")
         if not 0.0 <= self.threshold <= 1.0:
@@ -75,7 +85,7 @@ class VadConfig:
     def from_config(cls, cfg: Mapping[str, Any]) -> VadConfig:
         """A GA `turn_detection` object (not null: no turn detection means no VAD at all)."""
         kind = cfg.get("type")
-        if kind not in ("server_vad", "semantic_vad"):
+        if not isinstance(kind, str) or kind not in ("server_vad", "semantic_vad"):
             raise ValueError(f"unsupported turn_detection type {kind!r}; expected server_vad or semantic_vad")
         unknown = set(cfg) - set(_SEMANTIC_KEYS if kind == "semantic_vad" else _SERVER_KEYS)
         if unknown:
@@ -83,7 +93,9 @@ class VadConfig:
         args = {k: v for k, v in cfg.items() if v is not None}
         if kind == "semantic_vad":
             args.setdefault("eagerness", "auto")
-            args["silence_duration_ms"] = EAGERNESS_SILENCE_MS.get(args["eagerness"], 500)
+            if not isinstance(args["eagerness"], str) or args["eagerness"] not in EAGERNESS_SILENCE_MS:
+                raise ValueError(f"eagerness must be one of {sorted(EAGERNESS_SILENCE_MS)}, got {args['eagerness']!r}")
+            args["silence_duration_ms"] = EAGERNESS_SILENCE_MS[args["eagerness"]]
         try:
             return cls(**args)
         except TypeError as e:  # e.g. a string where a number belongs
