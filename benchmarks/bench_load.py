@@ -176,7 +176,8 @@ def summary(results: list[Result], args: argparse.Namespace) -> dict:
 
 async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[int], header: dict) -> list[dict]:
     limits = Limits(max_text_tokens=args.text_tokens, max_frames=args.frames)
-    server = Server(pipeline, ServerConfig(max_sessions=max(levels) + 1, limits=limits))
+    server = Server(pipeline, ServerConfig(max_sessions=max(levels) + 1, max_sessions_per_client=max(levels) + 1,
+                                           limits=limits))
     runner = web.AppRunner(server.app())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
