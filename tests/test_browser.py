@@ -415,8 +415,9 @@ def test_insecure_context_says_why_and_text_still_works(pipeline, chromium: str,
     a typed message (Enter) is answered. On a phone-sized screen."""
     t0 = time.monotonic()
     flags = ("--host-resolver-rules=MAP omni-demo.test 127.0.0.1",)
-    with running(pipeline, ServerConfig(limits=LIMITS)) as (url, _), \
-            browse(chromium, wav, tmp_path / "profile", PHONE, flags) as browser:
+    # a keyless server answers only hosts it knows (no DNS rebinding): this one is allowed by name
+    cfg = ServerConfig(limits=LIMITS, allowed_origins=("http://omni-demo.test",))
+    with running(pipeline, cfg) as (url, _), browse(chromium, wav, tmp_path / "profile", PHONE, flags) as browser:
         page = browser.page
         page.goto(url.removesuffix("/v1").replace("127.0.0.1", "omni-demo.test") + "/")
         assert page.evaluate("window.isSecureContext") is False

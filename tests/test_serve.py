@@ -91,8 +91,12 @@ def test_metrics_parse_with_prometheus_client(served: Served):
     asyncio.run(one_session(served.url))
 
     async def get() -> tuple[str, str]:
-        async with aiohttp.ClientSession() as http, http.get(served.url + "metrics", ssl=False) as r:
-            return r.headers["Content-Type"], await r.text()
+        async with aiohttp.ClientSession() as http:
+            async with http.get(served.url + "metrics", ssl=False) as r:
+                assert r.status == 401  # a keyed server shows its metrics only with the key
+            auth = {"Authorization": f"Bearer {KEY}"}
+            async with http.get(served.url + "metrics", ssl=False, headers=auth) as r:
+                return r.headers["Content-Type"], await r.text()
 
     ctype, text = asyncio.run(get())
     assert ctype.startswith("text/plain; version=0.0.4")
