@@ -35,13 +35,8 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_pipeline import speech_like  # noqa: E402
+from benchmarks.bench_pipeline import random_program, speech_like  # noqa: E402
 from models.qwen3_omni.audio_features import resample  # noqa: E402
-from models.qwen3_omni.config import OmniConfig  # noqa: E402
-from models.qwen3_omni.model import random_model  # noqa: E402
-from models.qwen3_omni.program import PipelineConfig, Qwen3OmniProgram  # noqa: E402
-from models.qwen3_omni.tiny import FULL_CONFIG, tiny_config  # noqa: E402
-from models.qwen3_omni.tokenizer import Tokenizer  # noqa: E402
 from pipelines.pipeline import Pipeline  # noqa: E402
 from realtime.server import Server, ServerConfig  # noqa: E402
 from realtime.session import Limits  # noqa: E402
@@ -243,16 +238,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.audio_seconds < 0.2 or args.spread_s < 0 or args.text_tokens < 1 or args.frames < 1:
         ap.error("need --audio-seconds >= 0.2 (the server's minimum commit is 100 ms), --spread-s >= 0, "
                  "--text-tokens >= 1, --frames >= 1")
-    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    torch.manual_seed(0)
-    cfg = OmniConfig.from_hf(tiny_config("a") if args.tiny else json.loads(FULL_CONFIG.read_text()))
-    header: dict = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-                    "torch": torch.__version__, "dtype": dtype, "size": "tiny" if args.tiny else "full"}
-    t0 = time.perf_counter()
-    model = random_model(cfg, args.device, getattr(torch, dtype))
-    header["build_s"] = round(time.perf_counter() - t0, 1)
-    header["params_B"] = round(sum(p.numel() for p in model.parameters()) / 1e9, 2)
-    program = Qwen3OmniProgram(model, Tokenizer.builtin(), PipelineConfig.on("random-weights", args.device, dtype))
+    header, program = random_program(args.tiny, args.device, args.dtype)
     with Pipeline(program) as pipeline:
         lines = asyncio.run(run_levels(pipeline, args, levels, header))
     print(table(lines), file=sys.stderr)

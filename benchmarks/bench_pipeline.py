@@ -116,6 +116,21 @@ async def gateway_turns(pipeline: Pipeline, reps: int, audio: torch.Tensor, syst
     return out[1:]
 
 
+def random_program(tiny: bool, device: str, dtype: str | None) -> tuple[dict, Qwen3OmniProgram]:
+    """The benchmarks' model: full size (or tiny) with seeded random weights, and its program (CUDA
+    graphs and KV sizing as `PipelineConfig.on` sets them). Returns (result header, program)."""
+    dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    torch.manual_seed(0)
+    cfg = OmniConfig.from_hf(tiny_config("a") if tiny else json.loads(FULL_CONFIG.read_text()))
+    header: dict = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+                    "torch": torch.__version__, "dtype": dtype, "size": "tiny" if tiny else "full"}
+    t0 = time.perf_counter()
+    model = random_model(cfg, device, getattr(torch, dtype))
+    header["build_s"] = round(time.perf_counter() - t0, 1)
+    header["params_B"] = round(sum(p.numel() for p in model.parameters()) / 1e9, 2)
+    return header, Qwen3OmniProgram(model, Tokenizer.builtin(), PipelineConfig.on("random-weights", device, dtype))
+
+
 def stage_times(program: Qwen3OmniProgram) -> dict:
     return {s.name: (s.runner.steps, s.runner.busy_s) for s in program.stages}
 
@@ -164,16 +179,7 @@ def main() -> None:
     ap.add_argument("--out", help="write the JSON result here too")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    torch.manual_seed(0)
-    cfg = OmniConfig.from_hf(tiny_config("a") if args.tiny else json.loads(FULL_CONFIG.read_text()))
-    res: dict = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-                 "torch": torch.__version__, "dtype": dtype, "size": "tiny" if args.tiny else "full"}
-    t0 = time.perf_counter()
-    model = random_model(cfg, args.device, getattr(torch, dtype))
-    res["build_s"] = round(time.perf_counter() - t0, 1)
-    res["params_B"] = round(sum(p.numel() for p in model.parameters()) / 1e9, 2)
-    program = Qwen3OmniProgram(model, Tokenizer.builtin(), PipelineConfig.on("random-weights", args.device, dtype))
+    res, program = random_program(args.tiny, args.device, args.dtype)
     if args.check:
         res["checks"] = checks(program, args.device)
     system = Message("system", " word" * args.system_tokens)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from pipelines.graphs import PrefillGraphs
 from pipelines.kv_cache import BatchKV, PagedKVCache
 from pipelines.sampling import SamplingParams
 
@@ -151,3 +152,18 @@ def nan_rows(logits: torch.Tensor) -> torch.Tensor:
 NAN_MESSAGE = "the model's output is not a number"
 
 
+
+
+def run_prefills(prefill: PrefillGraphs, kv: PagedKVCache, works: list, lengths: list[int], view: BatchKV,
+                 fixed: Callable[[list, int, int], None], eager: Callable[[list, list[int], BatchKV], None]) -> None:
+    """A prefill batch: the sequences that fit the fixed prefill shapes go through them (`fixed(group,
+    tokens, context)`, up to 8 per call); the rest (long prompts or contexts) through one padded eager
+    batch (`eager(works, lengths, view)`)."""
+    shapes = [prefill.shape(n, kv.length(w.key) + n) for w, n in zip(works, lengths, strict=True)]
+    for (t, c), group in prefill.groups([((w, n), s) for w, n, s in zip(works, lengths, shapes, strict=True) if s]):
+        fixed(group, t, c)
+    rest = [(w, n) for w, n, s in zip(works, lengths, shapes, strict=True) if s is None]
+    if len(rest) == len(works):
+        eager(works, lengths, view)
+    elif rest:
+        eager([w for w, _ in rest], [n for _, n in rest], kv.batch([(w.key, n) for w, n in rest]))

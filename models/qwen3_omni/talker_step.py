@@ -20,7 +20,7 @@ from pipelines.step_sampling import sampling_rows
 from .conversation import TurnState
 from .forward import TalkerFrame, TalkerPrefill
 from .model import Qwen3Omni
-from .stages import GREEDY, NAN_MESSAGE, TalkerWork, last_rows, nan_rows, pad_rows
+from .stages import GREEDY, NAN_MESSAGE, TalkerWork, last_rows, nan_rows, pad_rows, run_prefills
 from .talker_prompt import assistant_prefix
 
 
@@ -97,15 +97,7 @@ class TalkerStep:
 
     def run(self, works: list[TalkerWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
         """Streams that fit the fixed prefill shapes go through them, up to 8 per call; the rest eagerly."""
-        shapes = [self.prefill.shape(n, self.kv.length(w.key) + n) for w, n in zip(works, lengths, strict=True)]
-        fixed = [((w, n), s) for w, n, s in zip(works, lengths, shapes, strict=True) if s is not None]
-        for (t, c), group in self.prefill.groups(fixed):
-            self._prefill(group, t, c)
-        rest = [(w, n) for w, n, s in zip(works, lengths, shapes, strict=True) if s is None]
-        if len(rest) == len(works):
-            self._eager(works, lengths, kv)
-        elif rest:
-            self._eager([w for w, _ in rest], [n for _, n in rest], self.kv.batch([(w.key, n) for w, n in rest]))
+        run_prefills(self.prefill, self.kv, works, lengths, kv, self._prefill, self._eager)
 
     def _prefill(self, group: list[tuple[TalkerWork, int]], tokens: int, context: int) -> None:
         ready = {id(w) for w in self._slots([w for w, _ in group])}

@@ -18,7 +18,7 @@ from pipelines.step_sampling import sampling_rows
 
 from .forward import ThinkerDecode, ThinkerPrefill
 from .model import Qwen3Omni
-from .stages import GREEDY, NAN_MESSAGE, ThinkerWork, last_rows, nan_rows, pad_rows
+from .stages import GREEDY, NAN_MESSAGE, ThinkerWork, last_rows, nan_rows, pad_rows, run_prefills
 from .talker_prompt import TtsEmbeds, tts_embeds, tts_token_ids, user_mask
 
 
@@ -61,15 +61,7 @@ class ThinkerStep:
     def run(self, works: list[ThinkerWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
         """Sequences that fit the fixed prefill shapes go through them, up to 8 per call; the rest (long
         prompts or contexts) in one padded eager batch."""
-        shapes = [self.prefill.shape(n, self.kv.length(w.key) + n) for w, n in zip(works, lengths, strict=True)]
-        fixed = [((w, n), s) for w, n, s in zip(works, lengths, shapes, strict=True) if s is not None]
-        for (t, c), group in self.prefill.groups(fixed):
-            self._prefill(group, t, c)
-        rest = [(w, n) for w, n, s in zip(works, lengths, shapes, strict=True) if s is None]
-        if len(rest) == len(works):
-            self._eager(works, lengths, kv)
-        elif rest:
-            self._eager([w for w, _ in rest], [n for _, n in rest], self.kv.batch([(w.key, n) for w, n in rest]))
+        run_prefills(self.prefill, self.kv, works, lengths, kv, self._prefill, self._eager)
 
     def _prefill(self, group: list[tuple[ThinkerWork, int]], tokens: int, context: int) -> None:
         works = [w for w, _ in group]
