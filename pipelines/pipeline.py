@@ -41,6 +41,11 @@ class Program(Protocol):
 
     def end_session(self, session_id: str) -> None: ...
 
+    def capacity(self) -> dict[str, int]:
+        """What the caches hold: tokens per cache and `sessions`, conversations of a typical length at once
+        (fixed at start: safe to read from any thread)."""
+        ...
+
     def counters(self) -> dict:
         """Plain numbers (turns started/ended, KV blocks and live works per stage) for tests and /metrics."""
         ...

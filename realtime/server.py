@@ -140,6 +140,7 @@ class Server:
         body: dict = {"status": "ok" if ok else "engine_stopped"}
         if self.cfg.api_key and self._authorized(request, None):
             body |= {"model": self.cfg.model_name, "sessions": self.metrics.sessions,
+                     "capacity": self.pipeline.program.capacity(),
                      "last_error": None if self.pipeline.error is None else repr(self.pipeline.error)}
         return web.json_response(body, status=200 if ok else 503)
 

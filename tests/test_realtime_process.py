@@ -112,5 +112,6 @@ def test_header_bytes_and_the_key_stay_out_of_errors_and_logs(tmp_path):
         assert proc.wait(10) == 0
     text = log.read_text()
     assert open_health == {"status": "ok"} and keyed_health["sessions"] == 0 and "last_error" in keyed_health
+    assert keyed_health["capacity"]["sessions"] > 0 and keyed_health["capacity"]["thinker_tokens"] > 0
     assert "<redacted>" in text  # the warning that used to carry the key was logged, scrubbed
     assert key not in text and "Traceback" not in text, text[-3000:]
