@@ -27,7 +27,7 @@ def build_pipeline(model: str, device: str = "cpu", dtype: str | None = None, gr
     """Load `model` and return its (not yet started) Pipeline. `graphs` None: CUDA graphs on CUDA;
     `kv_memory_gib` None: on CUDA, KV caches from the memory left after the weights."""
     model_type(model)
-    from models.qwen3_omni.program import PipelineConfig
+    from models.qwen3_omni.placement import PipelineConfig
     from models.qwen3_omni.program import build_pipeline as build_qwen3_omni
 
     return build_qwen3_omni(PipelineConfig.on(model, device, dtype, graphs, kv_memory_gib, **stage_overrides))

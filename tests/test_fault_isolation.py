@@ -20,7 +20,8 @@ import time
 import pytest
 import torch
 
-from models.qwen3_omni.program import PipelineConfig, build_pipeline
+from models.qwen3_omni.placement import PipelineConfig
+from models.qwen3_omni.program import build_pipeline
 from pipelines.types import AudioChunk, GenerationOptions, Message, ToolCall, Turn, TurnDone, TurnError, new_id
 
 VICTIM, BYSTANDER, MATE = "victim", "bystander", "mate"  # MATE: a turn that runs as long as the victim's

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.qwen3_omni.program import PipelineConfig, build_pipeline
+from models.qwen3_omni.placement import PipelineConfig
+from models.qwen3_omni.program import build_pipeline
 from pipelines.types import AudioChunk, GenerationOptions, Message, TextDelta, Turn, TurnDone, TurnError
 
 OPTS = GenerationOptions(greedy=True, max_text_tokens=6, max_frames=4)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from models.qwen3_omni.model import load_model
-from models.qwen3_omni.program import PipelineConfig, build_pipeline
+from models.qwen3_omni.placement import PipelineConfig
+from models.qwen3_omni.program import build_pipeline
 from models.qwen3_omni.tokenizer import Tokenizer
 from realtime.server import ServerConfig
 from realtime.session import Limits
