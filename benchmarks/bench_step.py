@@ -23,7 +23,7 @@ from models.qwen3_omni.config import OmniConfig  # noqa: E402
 from models.qwen3_omni.forward import TalkerFrame, ThinkerDecode  # noqa: E402
 from models.qwen3_omni.model import random_model  # noqa: E402
 from models.qwen3_omni.tiny import FULL_CONFIG, tiny_config  # noqa: E402
-from pipelines import decode_kv  # noqa: E402
+from pipelines import kv_views  # noqa: E402
 from pipelines.graphs import BUCKETS, GraphRunner  # noqa: E402
 from pipelines.kv_cache import KVLayout, PagedKVCache  # noqa: E402
 from pipelines.sampling import SamplingParams  # noqa: E402
@@ -80,7 +80,7 @@ def bench_stage(name: str, step, runner: GraphRunner, cache: PagedKVCache, width
     for n in batches:
         keys = [f"s{i}" for i in range(n)]
         t0 = time.perf_counter()
-        rows = decode_kv.rows(cache, keys, width) | extra(n)
+        rows = kv_views.rows(cache, keys, width) | extra(n)
         prep_ms = (time.perf_counter() - t0) * 1e3
         reset()
         graph_out = runner(n, rows)

@@ -8,7 +8,7 @@ import torch
 
 from models.qwen3_omni.forward import TalkerFrame, ThinkerDecode
 from models.qwen3_omni.model import load_model
-from pipelines import decode_kv
+from pipelines import kv_views
 from pipelines.graphs import GraphRunner, bucket_for
 from pipelines.kv_cache import KVLayout, PagedKVCache
 from pipelines.paged_attention import paged_decode_attention
@@ -77,7 +77,7 @@ def test_thinker_decode_equals_the_variable_shape_path_and_padding_changes_nothi
 
     def run(rows_idx: list[int]) -> dict:
         ks = [keys[i] for i in rows_idx]
-        rows = decode_kv.rows(cache, ks, width) | {
+        rows = kv_views.rows(cache, ks, width) | {
             "x": x[rows_idx], "step": [4] * len(ks), "no_eos": [False] * len(ks),
             **sampling_rows("s", [SAMPLED] * len(ks))}
         with torch.inference_mode():
@@ -119,7 +119,7 @@ def test_talker_frame_equals_the_variable_shape_path_and_padding_changes_nothing
 
     def run(idx: list[int]) -> dict:
         seen.copy_(before)
-        rows = decode_kv.rows(cache, [keys[i] for i in idx], width) | {
+        rows = kv_views.rows(cache, [keys[i] for i in idx], width) | {
             "x": x[idx], "frame": frames[idx], "slot": idx, "no_eos": [False] * len(idx),
             **sampling_rows("t", [SAMPLED] * len(idx)), **sampling_rows("p", [predictor] * len(idx))}
         with torch.inference_mode():

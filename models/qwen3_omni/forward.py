@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from pipelines.decode_kv import DecodeKV, PrefillKV, decode_inputs, prefill_inputs
 from pipelines.graphs import Input, Tensors
 from pipelines.kv_cache import PagedKVCache
+from pipelines.kv_views import DecodeKV, PrefillKV, decode_inputs, prefill_inputs
 from pipelines.sampling import gumbel_noise
 from pipelines.step_sampling import sampling_inputs, static_sampler
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from pipelines import decode_kv
+from pipelines import kv_views
 from pipelines.graphs import GraphRunner, PrefillGraphs, Tensors
 from pipelines.kv_cache import BatchKV, PagedKVCache
 from pipelines.sampling import Sampler, SamplingParams
@@ -85,7 +85,7 @@ class TalkerStep:
         works = self._slots(works)
         if works:
             opts = [w.turn.options for w in works]
-            rows = decode_kv.rows(self.kv, [w.key for w in works], self.width) | {
+            rows = kv_views.rows(self.kv, [w.key for w in works], self.width) | {
                 "x": torch.cat([w.inputs.tail(self.kv.length(w.key)) for w in works]),
                 "frame": [len(w.turn.codes) for w in works], "slot": [w.slot for w in works],
                 "no_eos": [o.ignore_eos for o in opts],
@@ -107,7 +107,7 @@ class TalkerStep:
         works, opts = [w for w, _ in group], [w.turn.options for w, _ in group]
         x = pad_rows([w.inputs.tail(self.kv.length(w.key))[:n] for w, n in group], tokens)
         width = context // self.kv.layout.block_size
-        rows = decode_kv.prefill_rows(self.kv, [(w.key, n) for w, n in group], tokens, width)
+        rows = kv_views.prefill_rows(self.kv, [(w.key, n) for w, n in group], tokens, width)
         rows |= {"x": x, "last": [n - 1 for _, n in group], "frame": [len(w.turn.codes) for w in works],
                  "slot": [w.slot for w in works], "no_eos": [o.ignore_eos for o in opts],
                  **sampling_rows("t", [greedy_talker(o.talker) if o.greedy else o.talker for o in opts]),

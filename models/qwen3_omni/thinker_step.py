@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from pipelines import decode_kv
+from pipelines import kv_views
 from pipelines.graphs import GraphRunner, PrefillGraphs, Tensors
 from pipelines.kv_cache import BatchKV, PagedKVCache
 from pipelines.sampling import Sampler
@@ -50,7 +50,7 @@ class ThinkerStep:
             if len(self.kv.seqs[w.key].blocks) > self.width:
                 return False
         x = torch.cat([w.turn.session.embeds.tail(len(w.turn.session.ids) - 1) for w in works])
-        rows = decode_kv.rows(self.kv, [w.key for w in works], self.width) | {
+        rows = kv_views.rows(self.kv, [w.key for w in works], self.width) | {
             "x": x, "step": [len(w.turn.reply_ids) for w in works],
             "no_eos": [w.turn.options.ignore_eos for w in works],
             **sampling_rows("s", [w.turn.options.thinker or GREEDY for w in works]),
@@ -68,7 +68,7 @@ class ThinkerStep:
         pasts = [self.kv.length(w.key) for w in works]
         x = pad_rows([w.turn.session.embeds.tail(p)[:n] for (w, n), p in zip(group, pasts, strict=True)], tokens)
         width = context // self.kv.layout.block_size
-        rows = decode_kv.prefill_rows(self.kv, [(w.key, n) for w, n in group], tokens, width)
+        rows = kv_views.prefill_rows(self.kv, [(w.key, n) for w, n in group], tokens, width)
         rows |= {"x": x, "last": [n - 1 for _, n in group], "step": [len(w.turn.reply_ids) for w in works],
                  "no_eos": [w.turn.options.ignore_eos for w in works],
                  **sampling_rows("s", [w.turn.options.thinker or GREEDY for w in works])}
