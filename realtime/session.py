@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from pipelines.pipeline import Pipeline
-from pipelines.types import GenerationOptions, Message, TextDelta, Turn, TurnDone
+from pipelines.types import GenerationOptions, Message, TextDelta, Turn, TurnDone, TurnError
 
 from . import logs
-from .audio import AudioFormat, decode, to_model_rate
+from .audio import MODEL_RATE, OUTPUT_RATE, AudioFormat, decode, encode, resample, to_model_rate
 from .items import Conversation, Item, item_from_client, to_messages, user_audio_item
 from .metrics import Metrics
 from .protocol import (
@@ -34,6 +34,7 @@ from .protocol import (
     parse_event,
     require,
     speaker_for,
+    update_session,
 )
 from .response import Response
 from .vad import IdleTimeout, ServerVad, SpeechStarted, SpeechStopped, VadConfig
@@ -71,20 +72,28 @@ def _decode_append(data: str, fmt: AudioFormat, vad: ServerVad | None, arm_idle:
     return pcm, vad.push(to_model_rate(pcm, fmt))
 
 
+def _encoded(audio_16k: torch.Tensor, fmt: AudioFormat) -> str:
+    return base64.b64encode(encode(resample(audio_16k, MODEL_RATE, OUTPUT_RATE), fmt)).decode()
+
+
 def _items_from_client(raws: list, fmt: AudioFormat) -> list[Item]:
     return [item_from_client(raw, fmt) for raw in raws]
 
 
 class RealtimeSession:
     def __init__(self, send: Callable[[dict], None], pipeline: Pipeline, model: str, metrics: Metrics,
-                 limits: Limits = Limits(), executor: Executor | None = None) -> None:
+                 limits: Limits = Limits(), executor: Executor | None = None, intent: str | None = None) -> None:
         """`executor` runs the audio work (decoding, resampling, turn detection) off the event loop; a
-        session hands it one job at a time, so its audio stays in order."""
+        session hands it one job at a time, so its audio stays in order. `intent` "transcription" (the
+        connect URL's `?intent=`) starts a transcription session."""
         self._send_raw, self.pipeline, self.metrics, self.limits = send, pipeline, metrics, limits
         self.executor = executor
         self._tokens, self._refilled = float(limits.append_burst), time.monotonic()
         self._arm_idle = False
+        self.model = model
         self.config = default_session(model)
+        if intent == "transcription":
+            self.config = update_session(self.config, {"type": "transcription"}, model)
         self.conversation = Conversation()
         self.buffer: list[torch.Tensor] = []  # input audio at the input format's rate
         self.buffer_ms = 0.0
@@ -140,7 +149,7 @@ class RealtimeSession:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     async def session_update(self, event: dict) -> None:
-        self.config = merge_update(self.config, require(event, "session", dict))
+        self.config = update_session(self.config, require(event, "session", dict), self.model)
         self._reset_vad()
         self.send({"type": "session.updated", "session": self.config})
 
@@ -204,6 +213,8 @@ class RealtimeSession:
 
     def _respond_when_idle(self) -> None:
         """Answer now, or as soon as the response being cancelled (barge-in) has ended."""
+        if self.transcribing:
+            return
         if self.response is None:
             self._start_response({})
         else:
@@ -229,7 +240,7 @@ class RealtimeSession:
         self.send({"type": "input_audio_buffer.committed", "previous_item_id": prev, "item_id": item_id})
         self.send({"type": "conversation.item.added", "previous_item_id": prev, "item": item.data})
         self.send({"type": "conversation.item.done", "previous_item_id": prev, "item": item.data})
-        if self.config["audio"]["input"].get("transcription"):
+        if self.transcribing or self.config["audio"]["input"].get("transcription"):
             self._transcribe(item)
         return True
 
@@ -256,7 +267,12 @@ class RealtimeSession:
 
     async def item_retrieve(self, event: dict) -> None:
         item = self.conversation.get(require(event, "item_id"))
-        self.send({"type": "conversation.item.retrieved", "item": item.data})
+        data = item.data
+        if item.audio is not None and data.get("role") == "user":  # the user's audio, in the session's format
+            audio = await self._off(_encoded, item.audio, self.input_format)
+            data = {**data, "content": [{**p, "audio": audio} if p["type"] == "input_audio" else p
+                                        for p in data["content"]]}
+        self.send({"type": "conversation.item.retrieved", "item": data})
 
     async def item_delete(self, event: dict) -> None:
         item_id = require(event, "item_id")
@@ -293,6 +309,8 @@ class RealtimeSession:
                    "audio_end_ms": end_ms})
 
     async def response_create(self, event: dict) -> None:
+        if self.transcribing:
+            raise ProtocolError("invalid_value", "A transcription session does not create responses.", "session.type")
         if self.response is not None:
             raise ProtocolError("conversation_already_has_active_response",
                                 f"Conversation already has an active response in progress: {self.response.id}. "
@@ -312,21 +330,26 @@ class RealtimeSession:
         self._start_response(spec, inputs)
 
     async def response_cancel(self, event: dict) -> None:
-        if self.response is None:
-            raise ProtocolError("response_cancel_not_active", "Cancellation failed: no active response found.")
+        wanted = event.get("response_id")
+        if wanted is not None and not isinstance(wanted, str):
+            raise ProtocolError("invalid_type", "'response_id' must be a string", "response_id")
+        if self.response is None or wanted not in (None, self.response.id):
+            raise ProtocolError("response_cancel_not_active", "Cancellation failed: no active response found"
+                                + (f" with id {clip(wanted)}." if wanted else "."), "response_id" if wanted else None)
         self._cancel("client_cancelled")
 
     # -- responses ---------------------------------------------------------------------------------
     def _response_config(self, spec: dict) -> dict:
         """The session config with a response.create's overrides, every field checked."""
         allowed = {"conversation", "metadata", "input", "instructions", "output_modalities", "tools",
-                   "tool_choice", "max_output_tokens", "audio", "prompt", "tracing"}
+                   "tool_choice", "max_output_tokens", "audio", "prompt", "tracing", "reasoning", "parallel_tool_calls"}
         unknown = sorted(clip(k) for k in set(spec) - allowed)
         if unknown:
             raise ProtocolError("unknown_parameter", f"Unknown parameter: 'response.{unknown[0]}'.",
                                 f"response.{unknown[0]}")
         overrides = {k: spec[k] for k in ("instructions", "output_modalities", "tools", "tool_choice",
-                                          "max_output_tokens", "audio", "prompt", "tracing") if k in spec}
+                                          "max_output_tokens", "audio", "prompt", "tracing", "reasoning",
+                                          "parallel_tool_calls") if k in spec}
         cfg = merge_update(self.config, overrides, path="response")
         if spec.get("conversation", "auto") not in ("auto", "none"):
             raise ProtocolError("invalid_value", "conversation must be 'auto' or 'none'", "response.conversation")
@@ -418,9 +441,11 @@ class RealtimeSession:
                                     Message("user", "", item.audio)], opts)
 
         async def run() -> None:
-            text = ""
+            text, failed = "", None
             try:
                 async for ev in self.pipeline.submit(turn):
+                    if isinstance(ev, TurnError):
+                        failed = {"type": "server_error", "code": ev.code, "message": clip(ev.message, 500)}
                     if isinstance(ev, TextDelta) and ev.text:
                         text += ev.text
                         self.send({"type": "conversation.item.input_audio_transcription.delta",
@@ -433,14 +458,25 @@ class RealtimeSession:
                                    "usage": {"type": "tokens", "input_tokens": u.input_tokens,
                                              "output_tokens": u.output_tokens,
                                              "total_tokens": u.input_tokens + u.output_tokens}})
+            except Exception as e:
+                log.exception("transcription of %s failed", item.id)
+                failed = {"type": "server_error", "code": "server_error", "message": clip(str(e), 500)}
             finally:
                 self.pipeline.end_session(turn.session_id)
+            if failed is not None:
+                self.send({"type": "conversation.item.input_audio_transcription.failed", "item_id": item.id,
+                           "content_index": 0, "error": failed})
 
         task = asyncio.create_task(run())
         self.background.add(task)
         task.add_done_callback(self.background.discard)
 
     # -- helpers -----------------------------------------------------------------------------------
+    @property
+    def transcribing(self) -> bool:
+        """A transcription session: transcripts of each commit, never a response."""
+        return self.config["type"] == "transcription"
+
     @property
     def input_format(self) -> AudioFormat:
         return AudioFormat.from_config(self.config["audio"]["input"]["format"])

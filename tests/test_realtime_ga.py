@@ -1,0 +1,135 @@
+"""GA protocol gaps that real clients hit: strict values, the valid GA fields, transcription sessions,
+output bounded over text and audio, the idle timeout, cancel by id. The real server on loopback, the tiny
+model; every server event is validated against the openai SDK's types (tests/realtime_server.next_event),
+which are also the oracle for the client events (SessionUpdateEvent)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+from openai.types.realtime import ResponseCreateEvent, SessionUpdateEvent
+from pydantic import ValidationError
+
+from models.registry import build_pipeline
+from realtime.server import ServerConfig
+from realtime.session import Limits
+from tests.realtime_server import client, next_event, pcm16_b64, running, until
+from tests.speech import speech_like
+
+LIMITS = Limits(max_text_tokens=10, max_frames=8)
+MANUAL = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+
+
+def nested(path: str, value) -> dict:
+    """{"a": {"b": value}} for "a.b"."""
+    out = value
+    for key in reversed(path.split(".")):
+        out = {key: out}
+    return out
+
+
+# (field under `session`, value, whether the SDK's own types reject it; False: a GA range they do not check)
+INVALID = [
+    ("audio.input.noise_reduction", {"type": "bogus"}, True),
+    ("audio.input.noise_reduction", {"type": "far_field", "strength": "max"}, True),
+    ("audio.output.speed", 99, False),
+    ("audio.output.speed", 0.1, False),
+    ("audio.output.speed", "fast", True),
+    ("tracing", 123, True),
+    ("truncation", "bogus", True),
+    ("truncation", {"type": "retention_ratio", "retention_ratio": 2}, False),
+    ("audio.input.transcription", 42, True),
+    ("audio.input.transcription", {"model": "x", "delay": "forever"}, True),
+    ("audio.input.format", "pcm16", True),
+    ("audio.output.format", "g711_ulaw", True),
+    ("reasoning", {"effort": "bogus"}, True),
+    ("reasoning", "high", True),
+    ("parallel_tool_calls", "yes", False),  # pydantic coerces "yes"; GA wants a boolean
+    ("parallel_tool_calls", 3, True),
+    ("include", ["bogus"], True),
+    ("prompt", 5, True),
+    ("max_output_tokens", 0, False),
+    ("output_modalities", ["video"], True),
+]
+VALID = [
+    ("reasoning", {"effort": "low"}),
+    ("reasoning", None),
+    ("parallel_tool_calls", False),
+    ("audio.input.noise_reduction", {"type": "far_field"}),
+    ("audio.input.noise_reduction", {"type": "near_field", "strength": 0.5}),
+    ("audio.output.speed", 1.25),
+    ("truncation", "disabled"),
+    ("truncation", {"type": "retention_ratio", "retention_ratio": 0.5}),
+    ("prompt", {"id": "pmpt_1", "version": "2", "variables": {"city": "Paris"}}),
+    ("include", ["item.input_audio_transcription.logprobs"]),
+    ("audio.input.transcription", {"model": "gpt-4o-transcribe", "language": "en", "keywords": ["omni"],
+                                   "delay": "low"}),
+    ("tracing", "auto"),
+    ("max_output_tokens", 32),
+]
+
+
+@pytest.fixture(scope="module")
+def pipeline():
+    with build_pipeline("tiny") as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def server(pipeline):
+    with running(pipeline, ServerConfig(max_sessions=10, limits=LIMITS)) as (url, srv):
+        yield url, srv
+
+
+async def append_audio(conn, samples: np.ndarray, chunk_s: float = 0.1) -> None:
+    step = int(24000 * chunk_s)
+    for i in range(0, len(samples), step):
+        await conn.input_audio_buffer.append(audio=pcm16_b64(samples[i : i + step]))
+
+
+def test_invalid_values_are_refused_by_name_and_valid_ga_fields_accepted(server):
+    url, _ = server
+
+    async def go():
+        async with client(url).realtime.connect(model="qwen3-omni") as conn:
+            await next_event(conn)
+            await conn.session.update(session=MANUAL)
+            before = (await until(conn, "session.updated"))["session"]
+            for path, value, sdk_rejects in INVALID:
+                update = {"type": "realtime", **nested(path, value)}
+                if sdk_rejects:
+                    with pytest.raises(ValidationError):
+                        SessionUpdateEvent.model_validate({"type": "session.update", "session": update})
+                await conn.send_raw(json.dumps({"type": "session.update", "session": update}))
+                error = (await until(conn, "error"))["error"]
+                assert error["type"] == "invalid_request_error" and error["code"] == "invalid_value", (path, error)
+                assert error["param"] == f"session.{path}", (path, error)
+            await conn.session.update(session={"type": "realtime"})
+            assert (await until(conn, "session.updated"))["session"] == before  # nothing was applied
+            for path, value in VALID:
+                update = {"type": "realtime", **nested(path, value)}
+                SessionUpdateEvent.model_validate({"type": "session.update", "session": update})
+                await conn.send_raw(json.dumps({"type": "session.update", "session": update}))
+                event = await next_event(conn)  # validated against the SDK's GA session types
+                assert event["type"] == "session.updated", (path, event)
+                got = event["session"]
+                for key in path.split("."):
+                    got = got[key]
+                assert got == value, (path, got)
+            # the same fields per response; a response with them runs
+            for bad, param in (({"reasoning": {"effort": 3}}, "response.reasoning"),
+                               ({"parallel_tool_calls": 7}, "response.parallel_tool_calls")):
+                with pytest.raises(ValidationError):
+                    ResponseCreateEvent.model_validate({"type": "response.create", "response": bad})
+                await conn.send_raw(json.dumps({"type": "response.create", "response": bad}))
+                assert (await until(conn, "error"))["error"]["param"] == param
+            spec = {"reasoning": {"effort": "minimal"}, "parallel_tool_calls": False, "output_modalities": ["text"],
+                    "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}]}
+            ResponseCreateEvent.model_validate({"type": "response.create", "response": spec})
+            await conn.send_raw(json.dumps({"type": "response.create", "response": spec}))
+            assert (await until(conn, "response.done"))["response"]["status"] in ("completed", "incomplete")
+
+    asyncio.run(go())
