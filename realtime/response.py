@@ -43,6 +43,10 @@ class Response:
     audio_samples: int = 0
     cancel_reason: str | None = None
     on_audio_start: Callable[[float], None] | None = None
+    on_cap: Callable[[], None] | None = None  # stops the turn once max_output_tokens is spent
+    text_tokens: int = 0  # output sent so far, what max_output_tokens counts: text tokens + audio frames
+    frames: int = 0
+    capped: bool = False
 
     def shell(self) -> dict:
         out = {"id": self.id, "object": "realtime.response", "status": self.status,
@@ -66,7 +70,12 @@ class Response:
         encoder = OutputEncoder(self.output_format)
         call_text: list[str] = []
         async for event in events:
+            if self.capped and isinstance(event, TextDelta | AudioChunk):
+                continue
             if isinstance(event, TextDelta):
+                if not self._spend(len(event.token_ids)):
+                    continue
+                self.text_tokens += len(event.token_ids)
                 if event.tool_call:
                     call_text.append(event.text)
                     continue
@@ -77,13 +86,22 @@ class Response:
                         "response.output_text.delta"
                     self.send({"type": kind, **self._where(message), "delta": event.text})
             elif isinstance(event, AudioChunk):
+                new = event.frames - self.frames
+                pcm = event.pcm
+                if new > 0 and not self._spend(new):
+                    keep = self._left()
+                    pcm, new = pcm[: len(pcm) * keep // new], keep
+                    self._cap()
+                self.frames += max(new, 0)
+                if not len(pcm):
+                    continue
                 message = message or self._open_message()
-                data = encoder.push(event.pcm)
+                data = encoder.push(pcm)
                 if self.first_audio_s is None:
                     self.first_audio_s = time.perf_counter() - self.started
                     if self.on_audio_start:
                         self.on_audio_start(self.first_audio_s)
-                self.audio_samples += len(event.pcm)
+                self.audio_samples += len(pcm)
                 message.audio_ms = self.audio_samples * 1000 // 24000
                 self.send({"type": "response.output_audio.delta", **self._where(message),
                            "delta": base64.b64encode(data).decode()})
@@ -103,6 +121,25 @@ class Response:
                     self._close_message(message, "incomplete")
                 self.fail(event.message, event.code)
                 return
+
+    def _left(self) -> int:
+        limit = self.max_output_tokens
+        return 1 << 62 if limit == "inf" else int(limit) - self.text_tokens - self.frames
+
+    def _spend(self, n: int) -> bool:
+        """Whether `n` more output tokens fit; once the budget is spent the turn is stopped."""
+        if n <= self._left():
+            if n == self._left():
+                self._cap()
+            return True
+        self._cap()
+        return False
+
+    def _cap(self) -> None:
+        if not self.capped:
+            self.capped = True
+            if self.on_cap:
+                self.on_cap()
 
     def fail(self, message: str, code: str = "server_error") -> None:
         """End the response as failed (response.done with the error), whatever state it is in."""
@@ -173,9 +210,9 @@ class Response:
                           "message": f"the model wrote a tool call that is not valid JSON: {bad}"}
 
     def _finish(self, done: TurnDone, message: Item | None) -> None:
-        if done.status == "cancelled":
+        if done.status == "cancelled" and not (self.capped and self.cancel_reason is None):
             self.status, self.reason = "cancelled", self.cancel_reason or "client_cancelled"
-        elif done.status == "length":
+        elif done.status == "length" or self.capped:
             self.status, self.reason = "incomplete", "max_output_tokens"
         elif self.error:
             self.status = "failed"
@@ -189,13 +226,13 @@ class Response:
         shell = self.shell()
         if done is not None:
             u = done.usage
-            audio_out = u.audio_frames
+            text_out, audio_out = (self.text_tokens, self.frames) if self.capped else (u.output_tokens, u.audio_frames)
             shell["usage"] = {
-                "total_tokens": u.input_tokens + u.output_tokens + audio_out,
-                "input_tokens": u.input_tokens, "output_tokens": u.output_tokens + audio_out,
+                "total_tokens": u.input_tokens + text_out + audio_out,
+                "input_tokens": u.input_tokens, "output_tokens": text_out + audio_out,
                 "input_token_details": {"cached_tokens": u.cached_tokens, "text_tokens": u.input_tokens,
                                         "audio_tokens": 0},
-                "output_token_details": {"text_tokens": u.output_tokens, "audio_tokens": audio_out},
+                "output_token_details": {"text_tokens": text_out, "audio_tokens": audio_out},
             }
         self.send({"type": "response.done", "response": shell})
         self.send({"type": "rate_limits.updated", "rate_limits": [

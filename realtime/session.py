@@ -365,7 +365,8 @@ class RealtimeSession:
         opts = GenerationOptions(
             audio=modality == "audio", speaker=speaker_for(cfg["audio"]["output"]["voice"]),
             max_text_tokens=self.limits.max_text_tokens if limit == "inf" else limit,
-            max_frames=self.limits.max_frames, tools=tuple(cfg["tools"]) if cfg["tool_choice"] != "none" else (),
+            max_frames=self.limits.max_frames if limit == "inf" else min(limit, self.limits.max_frames),
+            tools=tuple(cfg["tools"]) if cfg["tool_choice"] != "none" else (),
             tool_choice=cfg["tool_choice"],
         )
         turn = Turn(session, messages, opts)
@@ -374,6 +375,7 @@ class RealtimeSession:
                             cfg["audio"]["output"]["voice"], limit, spec.get("metadata"), turn_id=turn.turn_id,
                             started=self.committed_at or time.perf_counter())
         response.on_audio_start = self.metrics.first_audio
+        response.on_cap = lambda: self.pipeline.abort(turn.turn_id)
         self.committed_at = None
         self.response = response
         response.created()

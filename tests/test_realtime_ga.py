@@ -6,6 +6,7 @@ which are also the oracle for the client events (SessionUpdateEvent)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 
 import numpy as np
@@ -133,3 +134,38 @@ def test_invalid_values_are_refused_by_name_and_valid_ga_fields_accepted(server)
             assert (await until(conn, "response.done"))["response"]["status"] in ("completed", "incomplete")
 
     asyncio.run(go())
+
+
+def test_max_output_tokens_bounds_text_and_audio_together(pipeline):
+    limits = Limits(max_text_tokens=200, max_frames=400)  # far above the cap: the cap must stop it
+    with running(pipeline, ServerConfig(limits=limits)) as (url, _):
+
+        async def go():
+            async with client(url).realtime.connect(model="qwen3-omni") as conn:
+                await next_event(conn)
+                await conn.session.update(session={**MANUAL, "max_output_tokens": 32})
+                await until(conn, "session.updated")
+                await append_audio(conn, speech_like(0.8))
+                await conn.input_audio_buffer.commit()
+                await conn.response.create()
+                seen: list[dict] = []
+                done = (await until(conn, "response.done", seen))["response"]
+                assert done["status"] == "incomplete" and done["status_details"]["reason"] == "max_output_tokens"
+                audio = b"".join(base64.b64decode(e["delta"]) for e in seen
+                                 if e["type"] == "response.output_audio.delta")
+                frames = len(audio) / 2 / 1920  # 80 ms codec frames of 24 kHz PCM16 (the last one's tail is held)
+                usage = done["usage"]
+                text = usage["output_token_details"]["text_tokens"]
+                assert usage["output_tokens"] == text + usage["output_token_details"]["audio_tokens"] <= 32
+                audio_tokens = usage["output_token_details"]["audio_tokens"]
+                assert audio_tokens - 1 < frames <= audio_tokens and audio_tokens > 0 and text > 0
+                # the pipeline stopped: the next turn starts at once and the session is not busy
+                await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                          "content": [{"type": "input_text", "text": "More."}]})
+                await conn.response.create(response={"max_output_tokens": 5, "output_modalities": ["text"]})
+                seen = []
+                done = (await until(conn, "response.done", seen, timeout=30))["response"]
+                assert "error" not in [e["type"] for e in seen]
+                assert done["status"] == "incomplete" and done["usage"]["output_tokens"] <= 5
+
+        asyncio.run(go())
