@@ -18,7 +18,7 @@ from models.registry import build_pipeline
 from realtime.server import ServerConfig
 from realtime.session import Limits
 from tests.realtime_server import client, next_event, pcm16_b64, running, until
-from tests.speech import speech_like
+from tests.speech import speech_in_silence, speech_like
 
 LIMITS = Limits(max_text_tokens=10, max_frames=8)
 MANUAL = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
@@ -167,5 +167,90 @@ def test_max_output_tokens_bounds_text_and_audio_together(pipeline):
                 done = (await until(conn, "response.done", seen, timeout=30))["response"]
                 assert "error" not in [e["type"] for e in seen]
                 assert done["status"] == "incomplete" and done["usage"]["output_tokens"] <= 5
+
+        asyncio.run(go())
+
+
+async def transcripts(conn, n: int, seen: list[dict]) -> list[dict]:
+    """Events until `n` transcriptions have completed or failed; no response may start meanwhile."""
+    ends = []
+    while len(ends) < n:
+        event = await next_event(conn, timeout=60)
+        seen.append(event)
+        assert not event["type"].startswith("response."), event
+        if event["type"].startswith("conversation.item.input_audio_transcription.") and \
+                not event["type"].endswith(".delta"):
+            ends.append(event)
+    return ends
+
+
+def test_transcription_session_with_server_vad_and_manual_commits(server):
+    url, _ = server
+
+    async def go():
+        async with client(url).realtime.connect(model="qwen3-omni") as conn:
+            await next_event(conn)
+            await conn.send_raw(json.dumps({"type": "session.update", "session": {
+                "type": "transcription", "audio": {"input": {
+                    "format": {"type": "audio/pcm", "rate": 24000}, "noise_reduction": {"type": "near_field"},
+                    "transcription": {"model": "gpt-4o-transcribe", "language": "en"},
+                    "turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}}}}))
+            session = (await until(conn, "session.updated"))["session"]
+            assert session["type"] == "transcription" and "instructions" not in session
+            # two utterances, each committed by the VAD and transcribed, never answered
+            audio = np.concatenate([speech_in_silence(0.6, 1.0, 0.8, seed=s).audio for s in (1, 2)])
+            await append_audio(conn, audio, chunk_s=0.05)
+            seen: list[dict] = []
+            done = await transcripts(conn, 2, seen)
+            committed = [e["item_id"] for e in seen if e["type"] == "input_audio_buffer.committed"]
+            assert [e["type"] for e in done] == ["conversation.item.input_audio_transcription.completed"] * 2
+            assert [e["item_id"] for e in done] == committed and len(committed) == 2
+            for end in done:
+                deltas = [e["delta"] for e in seen if e["type"].endswith("transcription.delta")
+                          and e["item_id"] == end["item_id"]]
+                assert end["transcript"] == "".join(deltas) and end["usage"]["input_tokens"] > 0
+            # manual commits; a response is refused; realtime-only fields are unknown here
+            await conn.send_raw(json.dumps({"type": "session.update", "session": {
+                "type": "transcription", "audio": {"input": {"turn_detection": None}}}}))
+            await until(conn, "session.updated")
+            await conn.send_raw(json.dumps({"type": "session.update", "session": {
+                "type": "transcription", "instructions": "x"}}))
+            assert (await until(conn, "error"))["error"]["param"] == "session.instructions"
+            await conn.response.create()
+            assert (await until(conn, "error"))["error"]["param"] == "session.type"
+            await append_audio(conn, speech_like(0.7, seed=3))
+            await conn.input_audio_buffer.commit()
+            end, = await transcripts(conn, 1, seen)
+            assert end["type"].endswith(".completed")
+            # back to a realtime session: the conversation is answered again
+            await conn.session.update(session=MANUAL)
+            assert (await until(conn, "session.updated"))["session"]["type"] == "realtime"
+            await conn.response.create()
+            assert (await until(conn, "response.done", timeout=60))["response"]["status"] == "incomplete"
+
+    asyncio.run(go())
+
+
+def test_failed_transcription_sends_failed_and_the_session_goes_on():
+    # a thinker cache of 16 blocks (256 tokens): 30 s of speech (~390 audio tokens) cannot be transcribed
+    with build_pipeline("tiny", thinker={"kv_blocks": 16}) as small, \
+            running(small, ServerConfig(limits=Limits(transcription_tokens=32))) as (url, _):
+
+        async def go():
+            async with client(url).realtime.connect(model="qwen3-omni") as conn:
+                await next_event(conn)
+                await conn.send_raw(json.dumps({"type": "session.update", "session": {
+                    "type": "transcription", "audio": {"input": {"turn_detection": None}}}}))
+                await until(conn, "session.updated")
+                seen: list[dict] = []
+                for seconds, kind in ((30.0, ".failed"), (0.8, ".completed")):
+                    await append_audio(conn, speech_like(seconds, seed=4), chunk_s=0.5)
+                    await conn.input_audio_buffer.commit()
+                    end, = await transcripts(conn, 1, seen)
+                    assert end["type"].endswith(kind), end.get("error")
+                    item = next(e for e in seen if e["type"] == "input_audio_buffer.committed")["item_id"]
+                    seen.clear()
+                    if kind == ".failed":
+                        assert end["item_id"] == item and end["error"]["code"] == "context_too_long", end
 
         asyncio.run(go())
