@@ -20,7 +20,7 @@ from realtime.session import Limits
 from tests.realtime_server import client, next_event, pcm16_b64, running, until
 from tests.speech import speech_in_silence, speech_like
 
-LIMITS = Limits(max_text_tokens=10, max_frames=8)
+LIMITS = Limits(max_text_tokens=10, max_frames=8, transcription_tokens=12)
 MANUAL = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
 
 
