@@ -254,3 +254,26 @@ def test_failed_transcription_sends_failed_and_the_session_goes_on():
                         assert end["item_id"] == item and end["error"]["code"] == "context_too_long", end
 
         asyncio.run(go())
+
+
+def test_pipecat_realtime_stt_gets_a_transcript_per_utterance(server):
+    """pipecat's OpenAIRealtimeSTTService (a real client, pinned in the test extras) against the server."""
+    from pipecat.frames.frames import InputAudioRawFrame, TranscriptionFrame
+    from pipecat.pipeline.worker import PipelineParams
+    from pipecat.services.openai.stt import OpenAIRealtimeSTTService
+    from pipecat.tests.utils import SleepFrame, run_test
+
+    url, _ = server
+    stt = OpenAIRealtimeSTTService(api_key="unused", base_url=url.replace("http", "ws") + "/realtime",
+                                   settings=OpenAIRealtimeSTTService.Settings(model="gpt-4o-transcribe"),
+                                   turn_detection={"type": "server_vad", "silence_duration_ms": 300})
+    audio = np.concatenate([speech_in_silence(0.6, 1.0, 0.8, sr=16000, seed=s).audio for s in (5, 6)])
+    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+    step = 16000 * 2 // 20  # 50 ms
+    chunks = [InputAudioRawFrame(audio=pcm[i : i + step], sample_rate=16000, num_channels=1)
+              for i in range(0, len(pcm), step)]
+    frames = [SleepFrame(sleep=0.5), *chunks, SleepFrame(sleep=3.0)]  # connect; speak; let the transcripts come
+    params = PipelineParams(audio_in_sample_rate=16000)
+    down, _ = asyncio.run(run_test(stt, frames_to_send=frames, pipeline_params=params, start_timeout=10.0))
+    finals = [f for f in down if isinstance(f, TranscriptionFrame)]
+    assert len(finals) == 2 and all(f.text for f in finals), down
