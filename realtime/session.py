@@ -59,7 +59,9 @@ class Limits:
     max_items: int = 4096  # conversation items kept per session
 
 
-def _decode_append(data: str, fmt: AudioFormat, vad: ServerVad | None, arm_idle: bool) -> tuple[torch.Tensor, list]:
+def _decode_append(data: str, fmt: AudioFormat, vad: ServerVad | None,
+                   arm_idle: int | None) -> tuple[torch.Tensor, list]:
+    """`arm_idle`: start the idle timer that many ms after the audio clock's position (a reply still playing)."""
     """The audio work of one append, on the worker: base64 -> samples, and the turn detector's events."""
     try:
         pcm = decode(base64.b64decode(data, validate=True), fmt)
@@ -67,8 +69,8 @@ def _decode_append(data: str, fmt: AudioFormat, vad: ServerVad | None, arm_idle:
         raise ProtocolError("invalid_value", f"Invalid 'audio': not valid base64 audio ({e}).", "audio") from None
     if vad is None:
         return pcm, []
-    if arm_idle:
-        vad.arm_idle(vad.position_ms)
+    if arm_idle is not None:
+        vad.arm_idle(vad.position_ms + arm_idle)
     return pcm, vad.push(to_model_rate(pcm, fmt))
 
 
@@ -89,7 +91,7 @@ class RealtimeSession:
         self._send_raw, self.pipeline, self.metrics, self.limits = send, pipeline, metrics, limits
         self.executor = executor
         self._tokens, self._refilled = float(limits.append_burst), time.monotonic()
-        self._arm_idle = False
+        self._arm_idle: int | None = None
         self.model = model
         self.config = default_session(model)
         if intent == "transcription":
@@ -165,11 +167,11 @@ class RealtimeSession:
         if self.buffer_ms / 1000 > self.limits.max_buffer_s or \
                 self.buffer_bytes + held > self.limits.max_buffer_bytes:
             raise ProtocolError("input_audio_buffer_full", "Input audio buffer is full; commit or clear it.")
-        arm, self._arm_idle = self._arm_idle, False
+        arm, self._arm_idle = self._arm_idle, None
         try:
             pcm, events = await self._off(_decode_append, data, fmt, self.vad, arm)
         except ProtocolError:
-            self._arm_idle |= arm  # not armed: the timer starts with the next good append
+            self._arm_idle = arm if self._arm_idle is None else self._arm_idle  # armed by the next good append
             raise
         self.buffer.append(pcm)
         ms = len(pcm) * 1000 / fmt.rate
@@ -191,6 +193,8 @@ class RealtimeSession:
     async def _vad_event(self, ev: SpeechStarted | SpeechStopped | IdleTimeout) -> None:
         td = self.config["audio"]["input"]["turn_detection"]
         if isinstance(ev, IdleTimeout):
+            if self.response is not None:  # the timer starts again when this response has played
+                return
             item_id = new_id("item")
             self.send({"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": ev.audio_start_ms,
                        "audio_end_ms": ev.audio_end_ms, "item_id": item_id})
@@ -428,7 +432,9 @@ class RealtimeSession:
                 except Exception:
                     log.exception("response after a barge-in failed to start")
                     self.send(SERVER_ERROR.event(None))
-            self._arm_idle = True  # the idle timer starts at the audio clock's next push
+            # GA: the idle timer starts once the reply's audio has played (its end + its duration), on the
+            # audio clock from its next push
+            self._arm_idle = response.audio_samples * 1000 // 24000
 
     def _cancel(self, reason: str) -> None:
         if self.response is not None and self.response.status == "in_progress":
@@ -490,6 +496,8 @@ class RealtimeSession:
         elif self.vad is None or self.vad.cfg != VadConfig.from_config(td):
             self.vad = ServerVad(VadConfig.from_config(td))
             self.vad.reset(int(self.clock_ms))
+            if self.response is None:  # the timer runs from now: the session's start, or this update
+                self.vad.arm_idle(int(self.clock_ms))
 
 
 HANDLERS = {

@@ -277,3 +277,44 @@ def test_pipecat_realtime_stt_gets_a_transcript_per_utterance(server):
     down, _ = asyncio.run(run_test(stt, frames_to_send=frames, pipeline_params=params, start_timeout=10.0))
     finals = [f for f in down if isinstance(f, TranscriptionFrame)]
     assert len(finals) == 2 and all(f.text for f in finals), down
+
+
+def test_idle_timeout_fires_before_the_first_response_and_after_the_reply_has_played(server):
+    url, _ = server
+    quiet = np.random.default_rng(1).normal(0, 3e-4, 24000 * 8).astype(np.float32)  # near silence
+
+    async def silence_until_timeout(conn, limit_ms: int) -> tuple[int, dict]:
+        """Append 100 ms of near silence at a time until the timeout fires; returns the ms appended."""
+        for n in range(1, limit_ms // 100 + 1):
+            await conn.input_audio_buffer.append(audio=pcm16_b64(quiet[(n - 1) * 2400 : n * 2400]))
+            while True:  # an append is answered by nothing, so ask for an event we can wait on
+                await conn.send_raw(json.dumps({"type": "conversation.item.retrieve", "item_id": "none"}))
+                event = await next_event(conn)
+                while event["type"] != "error":
+                    if event["type"] == "input_audio_buffer.timeout_triggered":
+                        return n * 100, event
+                    assert not event["type"].startswith("input_audio_buffer.speech"), event
+                    event = await next_event(conn)
+                break
+        raise AssertionError(f"no timeout after {limit_ms} ms of silence")
+
+    async def go():
+        async with client(url).realtime.connect(model="qwen3-omni") as conn:
+            await next_event(conn)
+            await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": {
+                "type": "server_vad", "idle_timeout_ms": 1000}}}})
+            await until(conn, "session.updated")
+            heard, event = await silence_until_timeout(conn, 3000)  # no response yet: from the start
+            assert 1000 <= heard <= 1200 and event["audio_start_ms"] == 0, (heard, event)
+            seen: list[dict] = []
+            await until(conn, "response.done", seen)  # the timeout's commit is answered
+            played = sum(len(base64.b64decode(e["delta"])) for e in seen
+                         if e["type"] == "response.output_audio.delta")
+            played_ms = played // 2 * 1000 // 24000
+            assert played_ms > 0
+            heard, event = await silence_until_timeout(conn, 5000)  # the reply plays first, then 1 s of silence
+            # (the VAD judges 30 ms frames: the timer may start up to one frame before the last append's end)
+            assert played_ms + 1000 - 30 <= heard <= played_ms + 1200, (heard, played_ms, event)
+            assert event["audio_end_ms"] - event["audio_start_ms"] >= 1000
+
+    asyncio.run(go())

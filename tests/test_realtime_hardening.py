@@ -299,26 +299,27 @@ def test_append_rate_buffer_bytes_and_per_address_limits(pipeline):
 
 
 def test_idle_timeout_arms_after_a_response_with_audio_on_the_worker(pipeline):
-    """The idle timer starts once a response has ended, on the audio clock, now that the VAD runs on the worker."""
+    """The idle timer starts once a response's audio has played, on the audio clock, now that the VAD runs on
+    the worker (from the session's start before it: 1000 ms is longer than the 0.5 s of silence before speech)."""
     with running(pipeline, ServerConfig(limits=LIMITS)) as (url, _):
 
         async def go():
             async with client(url).realtime.connect(model="qwen3-omni") as conn:
                 await next_event(conn)
                 await conn.session.update(session={"type": "realtime", "audio": {"input": {"turn_detection": {
-                    "type": "server_vad", "idle_timeout_ms": 600}}}})
+                    "type": "server_vad", "idle_timeout_ms": 1000}}}})
                 await until(conn, "session.updated")
                 audio, *_ = speech_in_silence(0.5, 1.0, 0.8)
                 for i in range(0, len(audio), 2400):
                     await conn.input_audio_buffer.append(audio=pcm16_b64(audio[i : i + 2400]))
                 await until(conn, "response.done")
-                quiet = np.random.default_rng(1).normal(0, 3e-4, 36000).astype(np.float32)  # 1.5 s near silence
+                quiet = np.random.default_rng(1).normal(0, 3e-4, 60000).astype(np.float32)  # 2.5 s near silence
                 for i in range(0, len(quiet), 2400):
                     await conn.input_audio_buffer.append(audio=pcm16_b64(quiet[i : i + 2400]))
                 seen: list[dict] = []
                 timeout = await until(conn, "input_audio_buffer.timeout_triggered", seen)
                 assert "input_audio_buffer.speech_started" not in [e["type"] for e in seen]
-                assert timeout["audio_end_ms"] - timeout["audio_start_ms"] >= 600
+                assert timeout["audio_end_ms"] - timeout["audio_start_ms"] >= 1000
                 await until(conn, "response.done")  # the timeout's commit is answered
 
         asyncio.run(go())
