@@ -318,3 +318,43 @@ def test_idle_timeout_fires_before_the_first_response_and_after_the_reply_has_pl
             assert event["audio_end_ms"] - event["audio_start_ms"] >= 1000
 
     asyncio.run(go())
+
+
+def test_cancel_by_id_duplicate_ids_and_retrieve_with_the_users_audio(server):
+    url, _ = server
+
+    async def go():
+        async with client(url).realtime.connect(model="qwen3-omni") as conn:
+            await next_event(conn)
+            await conn.session.update(session=MANUAL)
+            await until(conn, "session.updated")
+            speech = speech_like(0.5, seed=7)
+            await append_audio(conn, speech)
+            await conn.input_audio_buffer.commit()
+            item_id = (await until(conn, "input_audio_buffer.committed"))["item_id"]
+            # the user's audio comes back, in the session's input format
+            await conn.conversation.item.retrieve(item_id=item_id)
+            part = (await until(conn, "conversation.item.retrieved"))["item"]["content"][0]
+            back = np.frombuffer(base64.b64decode(part["audio"]), "<i2") / 32767
+            sent = np.round(np.clip(speech, -1, 1) * 32767) / 32767
+            assert abs(len(back) - len(sent)) <= 2
+            n = min(len(back), len(sent))
+            assert np.sqrt(np.mean((back[:n] - sent[:n]) ** 2)) < 0.1 * np.sqrt(np.mean(sent**2))  # via 16 kHz
+            # a duplicate id is refused, and nothing is added
+            text = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}
+            await conn.conversation.item.create(item={**text, "id": item_id})
+            error = (await until(conn, "error"))["error"]
+            assert error["code"] == "invalid_value" and error["param"] == "item.id"
+            # response.cancel names the response it cancels (a long text reply, so it is still running)
+            await conn.response.create(response={"output_modalities": ["text"], "max_output_tokens": 2000})
+            active = (await until(conn, "response.created"))["response"]["id"]
+            await conn.response.cancel(response_id="resp_someone_else")
+            seen: list[dict] = []
+            error = (await until(conn, "error", seen))["error"]
+            assert error["code"] == "response_cancel_not_active" and error["param"] == "response_id"
+            assert "response.done" not in [e["type"] for e in seen]
+            await conn.response.cancel(response_id=active)
+            done = (await until(conn, "response.done"))["response"]
+            assert done["id"] == active and done["status"] == "cancelled"
+
+    asyncio.run(go())
