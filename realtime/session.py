@@ -9,7 +9,7 @@ import binascii
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from pipelines.pipeline import Pipeline
-from pipelines.types import GenerationOptions, Message, TextDelta, Turn, TurnDone, TurnError
+from pipelines.types import Event, GenerationOptions, Message, TextDelta, Turn, TurnDone, TurnError
 
 from . import logs
 from .audio import MODEL_RATE, OUTPUT_RATE, AudioFormat, decode, encode, resample, to_model_rate
@@ -108,6 +108,7 @@ class RealtimeSession:
         self.pipe_session = new_id("pipe")
         self.sent: list[str] = []  # item ids the pipeline session already holds, in order
         self.sent_context: tuple | None = None
+        self.dropped: set[str] = set()  # items truncation took out of the model's context (the client keeps them)
         self.committed_at: float | None = None
         self.background: set[asyncio.Task] = set()
         self.respond_after = False
@@ -379,25 +380,26 @@ class RealtimeSession:
                             cfg["audio"]["output"]["voice"], limit, spec.get("metadata"), turn_id=turn.turn_id,
                             started=self.committed_at or time.perf_counter())
         response.on_audio_start = self.metrics.first_audio
-        response.on_cap = lambda: self.pipeline.abort(turn.turn_id)
+        response.on_cap = lambda: self.pipeline.abort(response.turn_id)
         self.committed_at = None
         self.response = response
         response.created()
-        self.task = asyncio.create_task(self._run(response, turn, out_of_band))
+        events = self._events(turn, response, cfg) if not out_of_band else self.pipeline.submit(turn)
+        self.task = asyncio.create_task(self._run(response, turn, events, out_of_band))
 
     def _messages(self, cfg: dict, inputs: list[Item] | None, out_of_band: bool) -> tuple[str, list[Message]]:
         """The pipeline session and the messages it has not seen yet (all of them after a reset)."""
         context = (cfg["instructions"], json.dumps(cfg["tools"]), json.dumps(cfg["tool_choice"]))
         system = [Message("system", cfg["instructions"])] if cfg["instructions"] else []
         if out_of_band or inputs is not None:
-            messages = system + to_messages(inputs if inputs is not None else self.conversation.items)
+            messages = system + to_messages(inputs if inputs is not None else self._context())
             if not messages:
                 raise ProtocolError("invalid_value", "Nothing to respond to.", "response.input")
             return new_id("oob"), messages
-        ids = [i.id for i in self.conversation.items]
+        items = self._context()
+        ids = [i.id for i in items]
         reuse = context == self.sent_context and ids[: len(self.sent)] == self.sent
-        messages = to_messages(self.conversation.items[len(self.sent):]) if reuse \
-            else system + to_messages(self.conversation.items)
+        messages = to_messages(items[len(self.sent):]) if reuse else system + to_messages(items)
         if not messages:
             raise ProtocolError("invalid_value", "Nothing new in the conversation to respond to.")
         if not reuse:
@@ -406,10 +408,37 @@ class RealtimeSession:
         self.sent, self.sent_context = ids, context
         return self.pipe_session, messages
 
-    async def _run(self, response: Response, turn: Turn, out_of_band: bool) -> None:
+    def _context(self) -> list[Item]:
+        """The conversation as the model reads it: without the items truncation dropped."""
+        return [i for i in self.conversation.items if i.id not in self.dropped]
+
+    async def _events(self, turn: Turn, response: Response, cfg: dict) -> AsyncIterator[Event]:
+        """The turn's events. A turn refused as too long for the context is retried, unless truncation is
+        disabled, as a fresh prefill of the newest items (the retention ratio of them; `auto`: 3/4), until
+        it fits or one item is left."""
+        truncation = cfg["truncation"]
+        ratio = None if truncation == "disabled" else 0.75 if truncation == "auto" else truncation["retention_ratio"]
+        while True:
+            events = self.pipeline.submit(turn)
+            first = await anext(events)
+            items = self._context()
+            keep = max(1, int(len(items) * (ratio or 0)))
+            if ratio is None or not isinstance(first, TurnError) or first.code != "context_too_long" \
+                    or keep >= len(items):
+                break
+            await events.aclose()
+            self.dropped.update(i.id for i in items[: len(items) - keep])
+            self.sent_context = None  # a new pipeline session: the kept items are prefilled again
+            turn = Turn(*self._messages(cfg, None, False), turn.options)
+            response.turn_id = turn.turn_id
+        yield first
+        async for event in events:
+            yield event
+
+    async def _run(self, response: Response, turn: Turn, events: AsyncIterator[Event], out_of_band: bool) -> None:
         start = time.perf_counter()
         try:
-            await response.run(self.pipeline.submit(turn))
+            await response.run(events)
         except Exception as e:  # never leave a client without response.done
             log.exception("response %s failed", response.id)
             response.fail(str(e))

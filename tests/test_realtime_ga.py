@@ -358,3 +358,37 @@ def test_cancel_by_id_duplicate_ids_and_retrieve_with_the_users_audio(server):
             assert done["id"] == active and done["status"] == "cancelled"
 
     asyncio.run(go())
+
+
+def test_truncation_drops_the_oldest_items_when_the_context_would_overflow():
+    # a thinker cache of 16 blocks (256 tokens) holds about four of these turns
+    say = "The quick brown fox jumps over the lazy dog, and then it runs away into the woods. " * 2
+    with build_pipeline("tiny", thinker={"kv_blocks": 16}) as small, \
+            running(small, ServerConfig(limits=LIMITS)) as (url, _):
+
+        async def turns(truncation) -> list[dict]:
+            async with client(url).realtime.connect(model="qwen3-omni") as conn:
+                await next_event(conn)
+                await conn.session.update(session={**MANUAL, "output_modalities": ["text"], "max_output_tokens": 8,
+                                                   "truncation": truncation})
+                await until(conn, "session.updated")
+                dones = []
+                for _ in range(8):
+                    await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                              "content": [{"type": "input_text", "text": say}]})
+                    await conn.response.create()
+                    dones.append((await until(conn, "response.done", timeout=60))["response"])
+                return dones
+
+        async def go():
+            disabled = await turns("disabled")
+            failed = [d["status_details"]["error"]["code"] for d in disabled if d["status"] == "failed"]
+            assert failed and set(failed) == {"context_too_long"}, [d["status"] for d in disabled]
+            for truncation in ("auto", {"type": "retention_ratio", "retention_ratio": 0.5}):
+                dones = await turns(truncation)
+                assert [d["status"] for d in dones] == ["incomplete"] * 8, truncation  # each ran to its cap
+                # the cache was reset and re-read once the context filled: fewer cached tokens than before
+                cached = [d["usage"]["input_token_details"]["cached_tokens"] for d in dones]
+                assert any(b < a for a, b in zip(cached[1:], cached[2:], strict=False)), cached
+
+        asyncio.run(go())
