@@ -13,9 +13,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from pipelines.types import AudioChunk, Event, TextDelta, TurnDone, TurnError
 
-from .audio import AudioFormat, OutputEncoder
+from .audio import AudioFormat, OutputEncoder, TimeStretch
 from .items import Conversation, Item
 from .protocol import new_id
 
@@ -47,6 +49,7 @@ class Response:
     text_tokens: int = 0  # output sent so far, what max_output_tokens counts: text tokens + audio frames
     frames: int = 0
     capped: bool = False
+    speed: float = 1.0  # audio.output.speed: the audio is time-scaled, its pitch kept
 
     def shell(self) -> dict:
         out = {"id": self.id, "object": "realtime.response", "status": self.status,
@@ -68,6 +71,7 @@ class Response:
     async def run(self, events: AsyncIterator[Event]) -> None:
         message: Item | None = None
         encoder = OutputEncoder(self.output_format)
+        stretch = TimeStretch(self.speed) if self.speed != 1 else None
         call_text: list[str] = []
         async for event in events:
             if self.capped and isinstance(event, TextDelta | AudioChunk):
@@ -93,6 +97,7 @@ class Response:
                     pcm, new = pcm[: len(pcm) * keep // new], keep
                     self._cap()
                 self.frames += max(new, 0)
+                pcm = stretch.push(pcm) if stretch else pcm
                 if not len(pcm):
                     continue
                 message = message or self._open_message()
@@ -106,8 +111,11 @@ class Response:
                 self.send({"type": "response.output_audio.delta", **self._where(message),
                            "delta": base64.b64encode(data).decode()})
             elif isinstance(event, TurnDone):
-                tail = encoder.flush()
+                rest = stretch.flush() if stretch else np.zeros(0, np.float32)
+                self.audio_samples += len(rest) if message is not None else 0
+                tail = encoder.push(rest) + encoder.flush()
                 if tail and message is not None:
+                    message.audio_ms = self.audio_samples * 1000 // 24000
                     self.send({"type": "response.output_audio.delta", **self._where(message),
                                "delta": base64.b64encode(tail).decode()})
                 if event.tool_calls or event.invalid_tool_calls:
@@ -149,7 +157,7 @@ class Response:
     def _open_message(self) -> Item:
         part_type = "output_audio" if self.modality == "audio" else "output_text"
         item = Item({"id": new_id("item"), "object": "realtime.item", "type": "message", "role": "assistant",
-                     "status": "in_progress", "content": []}, turn_id=self.turn_id)
+                     "status": "in_progress", "content": []}, turn_id=self.turn_id, speed=self.speed)
         self._add_item(item)
         part = {"type": "audio", "transcript": ""} if self.modality == "audio" else {"type": "text", "text": ""}
         self.send({"type": "response.content_part.added", **self._where(item), "part": part})

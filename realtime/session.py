@@ -302,8 +302,9 @@ class RealtimeSession:
         rolled_back = False
         if item.turn_id is not None:
             try:
+                heard_ms = int(end_ms * item.speed)  # of the model's audio, before the time-scaling
                 text, rolled_back = await asyncio.wrap_future(self.pipeline.request(
-                    lambda: self.pipeline.program.truncate_reply(self.pipe_session, item.turn_id, end_ms)))
+                    lambda: self.pipeline.program.truncate_reply(self.pipe_session, item.turn_id, heard_ms)))
                 item.data["content"][0]["transcript"] = text
             except KeyError:
                 pass
@@ -380,6 +381,7 @@ class RealtimeSession:
                             cfg["audio"]["output"]["voice"], limit, spec.get("metadata"), turn_id=turn.turn_id,
                             started=self.committed_at or time.perf_counter())
         response.on_audio_start = self.metrics.first_audio
+        response.speed = float(cfg["audio"]["output"]["speed"])
         response.on_cap = lambda: self.pipeline.abort(response.turn_id)
         self.committed_at = None
         self.response = response

@@ -392,3 +392,32 @@ def test_truncation_drops_the_oldest_items_when_the_context_would_overflow():
                 assert any(b < a for a, b in zip(cached[1:], cached[2:], strict=False)), cached
 
         asyncio.run(go())
+
+
+def test_output_speed_time_scales_the_reply(server):
+    url, _ = server
+
+    async def reply(conn, speed: float) -> tuple[int, dict]:
+        await conn.session.update(session={"type": "realtime", "audio": {"output": {"speed": speed}}})
+        await until(conn, "session.updated")
+        await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "Hello."}]})
+        await conn.response.create()
+        seen: list[dict] = []
+        done = (await until(conn, "response.done", seen))["response"]
+        audio = sum(len(base64.b64decode(e["delta"])) // 2 for e in seen if e["type"] == "response.output_audio.delta")
+        return audio, done
+
+    async def go():
+        async with client(url).realtime.connect(model="qwen3-omni") as conn:
+            await next_event(conn)
+            await conn.session.update(session=MANUAL)
+            await until(conn, "session.updated")
+            normal, done = await reply(conn, 1.0)
+            frames = done["usage"]["output_token_details"]["audio_tokens"]
+            for speed in (1.5, 0.5):
+                samples, done = await reply(conn, speed)
+                assert done["usage"]["output_token_details"]["audio_tokens"] == frames  # the same frames (the cap)
+                assert abs(samples - normal / speed) <= 1, (speed, samples, normal)
+
+    asyncio.run(go())
