@@ -314,8 +314,11 @@ def update_session(current: dict, update: Any, model: str) -> dict:
     base = current
     if kind != current["type"]:
         audio_input = {k: v for k, v in current["audio"]["input"].items() if k != "transcription"}
-        base = default_transcription_session(current["id"], audio_input) if kind == "transcription" else \
-            default_session(model, current["id"])
+        if kind == "transcription":
+            base = default_transcription_session(current["id"], audio_input)
+        else:
+            base = default_session(model, current["id"])
+            base["audio"]["input"].update(copy.deepcopy(audio_input))
     return merge_update(base, update, SCHEMA if kind == "realtime" else TRANSCRIPTION_SCHEMA)
 
 

@@ -222,9 +222,11 @@ def test_transcription_session_with_server_vad_and_manual_commits(server):
             await conn.input_audio_buffer.commit()
             end, = await transcripts(conn, 1, seen)
             assert end["type"].endswith(".completed")
-            # back to a realtime session: the conversation is answered again
-            await conn.session.update(session=MANUAL)
-            assert (await until(conn, "session.updated"))["session"]["type"] == "realtime"
+            # back to a realtime session (the input audio config stays): the conversation is answered again
+            await conn.session.update(session={"type": "realtime"})
+            session = (await until(conn, "session.updated"))["session"]
+            assert session["type"] == "realtime" and session["audio"]["input"]["turn_detection"] is None
+            assert session["audio"]["input"]["noise_reduction"] == {"type": "near_field"}
             await conn.response.create()
             assert (await until(conn, "response.done", timeout=60))["response"]["status"] == "incomplete"
 
