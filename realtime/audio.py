@@ -145,3 +145,63 @@ class OutputEncoder:
         keep = r * end - c - self._start
         self._buf, self._start = self._buf[keep:], self._start + keep
         return float_to_g711(y, _LAW[self.fmt.type])
+
+
+class TimeStretch:
+    """Streaming time-scale change without a pitch change (WSOLA), for `audio.output.speed`.
+
+    Output frames of N = 40 ms are Hann-windowed and overlap-added every N/2; the k-th one is read from the
+    input near k * N/2 * speed, shifted by up to +-10 ms to where it best continues the previous frame's
+    natural continuation (the highest cross-correlation), so periods line up and the pitch is kept.
+    `push` chunks of 24 kHz audio, then `flush` once: the output is about len(input) / speed samples, and
+    it does not depend on how the input was chunked (each frame waits until all the input it reads exists).
+    """
+
+    N, DELTA = 960, 240  # frame and search tolerance, in samples at 24 kHz
+
+    def __init__(self, speed: float) -> None:
+        self.speed, self.hop = speed, self.N // 2
+        self._window = torch.hann_window(self.N, periodic=True)
+        self._buf, self._base = torch.zeros(self.DELTA), -self.DELTA  # input from absolute sample _base on
+        self._received = self._emitted = self._k = 0
+        self._prev = 0  # absolute start of the last frame read
+        self._ola = torch.zeros(self.N)
+
+    def push(self, pcm24k: np.ndarray | torch.Tensor) -> np.ndarray:
+        x = _tensor(pcm24k)
+        self._buf, self._received = torch.cat([self._buf, x]), self._received + len(x)
+        return self._run(self._received)
+
+    def flush(self) -> np.ndarray:
+        total = round(self._received / self.speed)
+        self._buf = torch.cat([self._buf, torch.zeros(2 * self.N + 2 * self.DELTA + int(self.hop * self.speed))])
+        out = self._run(self._base + len(self._buf))
+        return np.concatenate([out, self._ola.numpy()])[: max(0, total - (self._emitted - len(out)))]
+
+    def _run(self, available: int) -> np.ndarray:
+        out = []
+        while True:
+            nominal = round(self._k * self.hop * self.speed)
+            lo = max(0, nominal - self.DELTA) if self._k else 0
+            hi = nominal + self.DELTA if self._k else 0
+            if max(hi, self._prev + self.hop) + self.N > available:
+                break
+            if self._k:
+                template = self._slice(self._prev + self.hop, self.N)
+                region = self._slice(lo, hi - lo + self.N)
+                score = torch.nn.functional.conv1d(region[None, None], template[None, None])[0, 0]
+                start = lo + int(torch.argmax(score))
+            else:
+                start = 0
+            self._ola += self._window * self._slice(start, self.N)
+            out.append(self._ola[: self.hop].clone())
+            self._ola = torch.cat([self._ola[self.hop :], torch.zeros(self.hop)])
+            self._prev, self._k = start, self._k + 1
+            keep = min(self._prev, round(self._k * self.hop * self.speed) - self.DELTA) - self._base
+            if keep > 0:
+                self._buf, self._base = self._buf[keep:], self._base + keep
+        self._emitted += sum(len(o) for o in out)
+        return torch.cat(out).numpy() if out else np.zeros(0, np.float32)
+
+    def _slice(self, start: int, n: int) -> torch.Tensor:
+        return self._buf[start - self._base : start - self._base + n]

@@ -21,6 +21,7 @@ class Item:
     audio: torch.Tensor | None = None  # user audio, 16 kHz
     turn_id: str | None = None  # the pipeline turn that wrote an assistant item
     audio_ms: int = 0  # assistant audio sent so far
+    speed: float = 1.0  # of that audio: the model's audio time is audio_ms * speed
 
     @property
     def id(self) -> str:

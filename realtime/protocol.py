@@ -123,9 +123,9 @@ SEMANTIC_VAD_DEFAULTS = {"type": "semantic_vad", "eagerness": "auto", "create_re
                          "interrupt_response": True}
 
 
-def default_session(model: str) -> dict:
+def default_session(model: str, session_id: str | None = None) -> dict:
     return {
-        "type": "realtime", "object": "realtime.session", "id": new_id("sess"), "model": model,
+        "type": "realtime", "object": "realtime.session", "id": session_id or new_id("sess"), "model": model,
         "output_modalities": ["audio"], "instructions": "",
         "audio": {
             "input": {"format": {"type": "audio/pcm", "rate": 24000}, "transcription": None,
@@ -133,8 +133,16 @@ def default_session(model: str) -> dict:
             "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": DEFAULT_VOICE, "speed": 1.0},
         },
         "tools": [], "tool_choice": "auto", "max_output_tokens": "inf", "tracing": None, "truncation": "auto",
-        "prompt": None, "include": None, "parallel_tool_calls": True,
+        "prompt": None, "include": None, "parallel_tool_calls": True, "reasoning": None,
     }
+
+
+def default_transcription_session(session_id: str, audio_input: dict) -> dict:
+    """GA's transcription session (audio in, turn detection, transcripts out, never a response);
+    `audio_input`: the input config carried over from the session it replaces."""
+    return {"type": "transcription", "object": "realtime.transcription_session", "id": session_id,
+            "audio": {"input": {**copy.deepcopy(audio_input), "transcription": {"model": None}}},
+            "include": None}
 
 
 # The shape of what a client may set: nested dicts are sections, anything else is a leaf validator.
@@ -144,6 +152,8 @@ def _modalities(v: Any) -> None:
 
 
 def _format(v: Any) -> None:
+    if not isinstance(v, dict):
+        raise ValueError("must be an object like {'type': 'audio/pcm', 'rate': 24000}")
     AudioFormat.from_config(v)
 
 
@@ -157,14 +167,24 @@ def _bool(v: Any) -> None:
         raise ValueError("must be true or false")
 
 
-def _object_or_null(*keys: str) -> Any:
-    """None, or an object of these keys whose values are strings or null."""
-    def check(v: Any) -> None:
-        if v is None:
-            return
-        if not isinstance(v, dict) or set(v) - set(keys) or any(not isinstance(x, str | None) for x in v.values()):
-            raise ValueError(f"must be null or an object with string fields {list(keys)}")
-    return check
+EFFORTS = ("minimal", "low", "medium", "high", "xhigh")
+
+
+def _transcription(v: Any) -> None:
+    if v is None:
+        return
+    strings, lists = ("model", "language", "prompt"), ("keywords", "languages")
+    if not isinstance(v, dict) or set(v) - {*strings, *lists, "delay"} \
+            or any(not isinstance(v.get(k), str | None) for k in strings) \
+            or any(v.get(k) is not None and not (isinstance(v[k], list) and all(isinstance(x, str) for x in v[k]))
+                   for k in lists) or v.get("delay") not in (None, *EFFORTS):
+        raise ValueError("must be null or {'model': ..., 'language': ..., 'prompt': ..., 'keywords': [...], "
+                         "'languages': [...], 'delay': ...}")
+
+
+def _reasoning(v: Any) -> None:
+    if v is not None and not (isinstance(v, dict) and set(v) <= {"effort"} and v.get("effort") in (None, *EFFORTS)):
+        raise ValueError(f"must be null or {{'effort': one of {list(EFFORTS)}}}")
 
 
 def _string_map(v: Any) -> None:
@@ -256,27 +276,57 @@ def _truncation(v: Any) -> None:
 
 
 def _noise_reduction(v: Any) -> None:
-    if v is not None and not (isinstance(v, dict) and set(v) <= {"type"}
-                              and v.get("type", "near_field") in ("near_field", "far_field")):
-        raise ValueError("must be null or {'type': 'near_field' | 'far_field'}")
+    strength = v.get("strength", 1) if isinstance(v, dict) else None
+    if v is not None and not (isinstance(v, dict) and set(v) <= {"type", "strength"}
+                              and v.get("type", "near_field") in ("near_field", "far_field")
+                              and not isinstance(strength, bool) and isinstance(strength, int | float)
+                              and 0 <= strength <= 1):
+        raise ValueError("must be null or {'type': 'near_field' | 'far_field', 'strength': 0..1}")
 
 
 def _session_type(v: Any) -> None:
-    if v != "realtime":
-        raise ValueError("only 'realtime' sessions are served")
+    if v not in ("realtime", "transcription"):
+        raise ValueError("must be 'realtime' or 'transcription'")
 
 
 SCHEMA: dict = {
-    "type": _session_type,
+    "type": _session_type, "reasoning": _reasoning,
     "model": _str, "instructions": _str, "output_modalities": _modalities, "tools": _tools,
     "tool_choice": _tool_choice, "max_output_tokens": _max_tokens, "tracing": _tracing, "truncation": _truncation,
     "prompt": _prompt, "include": _include, "parallel_tool_calls": _bool,
     "audio": {
-        "input": {"format": _format, "transcription": _object_or_null("model", "language", "prompt"),
+        "input": {"format": _format, "transcription": _transcription,
                   "noise_reduction": _noise_reduction, "turn_detection": _turn_detection},
         "output": {"format": _format, "voice": _voice, "speed": _speed},
     },
 }
+TRANSCRIPTION_SCHEMA: dict = {"type": _session_type, "include": _include,
+                              "audio": {"input": SCHEMA["audio"]["input"]}}
+
+
+def update_session(current: dict, update: Any, model: str) -> dict:
+    """A `session.update` applied to the session config: a change of `type` starts from that type's
+    defaults (keeping the id and the input audio config); the whole update is validated first."""
+    if not isinstance(update, dict):
+        raise ProtocolError("invalid_type", "session must be an object", "session")
+    kind = update.get("type", current["type"])
+    _leaf(_session_type, kind, "session.type")
+    base = current
+    if kind != current["type"]:
+        audio_input = {k: v for k, v in current["audio"]["input"].items() if k != "transcription"}
+        if kind == "transcription":
+            base = default_transcription_session(current["id"], audio_input)
+        else:
+            base = default_session(model, current["id"])
+            base["audio"]["input"].update(copy.deepcopy(audio_input))
+    return merge_update(base, update, SCHEMA if kind == "realtime" else TRANSCRIPTION_SCHEMA)
+
+
+def _leaf(rule: Any, value: Any, where: str) -> None:
+    try:
+        rule(value)
+    except ValueError as e:
+        raise ProtocolError("invalid_value", f"Invalid value for '{where}': {clip(str(e), 300)}.", where) from None
 
 
 def merge_update(current: dict, update: Any, schema: dict = SCHEMA, path: str = "session") -> dict:
@@ -294,10 +344,7 @@ def merge_update(current: dict, update: Any, schema: dict = SCHEMA, path: str = 
         if isinstance(rule, dict):
             out[key] = merge_update(out.get(key) or {}, value, rule, where)
             continue
-        try:
-            rule(value)
-        except ValueError as e:
-            raise ProtocolError("invalid_value", f"Invalid value for '{where}': {clip(str(e), 300)}.", where) from None
+        _leaf(rule, value, where)
         if key == "turn_detection" and value is not None:
             defaults = SERVER_VAD_DEFAULTS if value["type"] == "server_vad" else SEMANTIC_VAD_DEFAULTS
             prev = out.get(key) if (out.get(key) or {}).get("type") == value["type"] else {}

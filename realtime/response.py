@@ -13,9 +13,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from pipelines.types import AudioChunk, Event, TextDelta, TurnDone, TurnError
 
-from .audio import AudioFormat, OutputEncoder
+from .audio import AudioFormat, OutputEncoder, TimeStretch
 from .items import Conversation, Item
 from .protocol import new_id
 
@@ -43,6 +45,11 @@ class Response:
     audio_samples: int = 0
     cancel_reason: str | None = None
     on_audio_start: Callable[[float], None] | None = None
+    on_cap: Callable[[], None] | None = None  # stops the turn once max_output_tokens is spent
+    text_tokens: int = 0  # output sent so far, what max_output_tokens counts: text tokens + audio frames
+    frames: int = 0
+    capped: bool = False
+    speed: float = 1.0  # audio.output.speed: the audio is time-scaled, its pitch kept
 
     def shell(self) -> dict:
         out = {"id": self.id, "object": "realtime.response", "status": self.status,
@@ -64,9 +71,15 @@ class Response:
     async def run(self, events: AsyncIterator[Event]) -> None:
         message: Item | None = None
         encoder = OutputEncoder(self.output_format)
+        stretch = TimeStretch(self.speed) if self.speed != 1 else None
         call_text: list[str] = []
         async for event in events:
+            if self.capped and isinstance(event, TextDelta | AudioChunk):
+                continue
             if isinstance(event, TextDelta):
+                if not self._spend(len(event.token_ids)):
+                    continue
+                self.text_tokens += len(event.token_ids)
                 if event.tool_call:
                     call_text.append(event.text)
                     continue
@@ -77,19 +90,32 @@ class Response:
                         "response.output_text.delta"
                     self.send({"type": kind, **self._where(message), "delta": event.text})
             elif isinstance(event, AudioChunk):
+                new = event.frames - self.frames
+                pcm = event.pcm
+                if new > 0 and not self._spend(new):
+                    keep = self._left()
+                    pcm, new = pcm[: len(pcm) * keep // new], keep
+                    self._cap()
+                self.frames += max(new, 0)
+                pcm = stretch.push(pcm) if stretch else pcm
+                if not len(pcm):
+                    continue
                 message = message or self._open_message()
-                data = encoder.push(event.pcm)
+                data = encoder.push(pcm)
                 if self.first_audio_s is None:
                     self.first_audio_s = time.perf_counter() - self.started
                     if self.on_audio_start:
                         self.on_audio_start(self.first_audio_s)
-                self.audio_samples += len(event.pcm)
+                self.audio_samples += len(pcm)
                 message.audio_ms = self.audio_samples * 1000 // 24000
                 self.send({"type": "response.output_audio.delta", **self._where(message),
                            "delta": base64.b64encode(data).decode()})
             elif isinstance(event, TurnDone):
-                tail = encoder.flush()
+                rest = stretch.flush() if stretch else np.zeros(0, np.float32)
+                self.audio_samples += len(rest) if message is not None else 0
+                tail = encoder.push(rest) + encoder.flush()
                 if tail and message is not None:
+                    message.audio_ms = self.audio_samples * 1000 // 24000
                     self.send({"type": "response.output_audio.delta", **self._where(message),
                                "delta": base64.b64encode(tail).decode()})
                 if event.tool_calls or event.invalid_tool_calls:
@@ -104,6 +130,25 @@ class Response:
                 self.fail(event.message, event.code)
                 return
 
+    def _left(self) -> int:
+        limit = self.max_output_tokens
+        return 1 << 62 if limit == "inf" else int(limit) - self.text_tokens - self.frames
+
+    def _spend(self, n: int) -> bool:
+        """Whether `n` more output tokens fit; once the budget is spent the turn is stopped."""
+        if n <= self._left():
+            if n == self._left():
+                self._cap()
+            return True
+        self._cap()
+        return False
+
+    def _cap(self) -> None:
+        if not self.capped:
+            self.capped = True
+            if self.on_cap:
+                self.on_cap()
+
     def fail(self, message: str, code: str = "server_error") -> None:
         """End the response as failed (response.done with the error), whatever state it is in."""
         self.status, self.error = "failed", {"type": "server_error", "code": code, "message": message}
@@ -112,7 +157,7 @@ class Response:
     def _open_message(self) -> Item:
         part_type = "output_audio" if self.modality == "audio" else "output_text"
         item = Item({"id": new_id("item"), "object": "realtime.item", "type": "message", "role": "assistant",
-                     "status": "in_progress", "content": []}, turn_id=self.turn_id)
+                     "status": "in_progress", "content": []}, turn_id=self.turn_id, speed=self.speed)
         self._add_item(item)
         part = {"type": "audio", "transcript": ""} if self.modality == "audio" else {"type": "text", "text": ""}
         self.send({"type": "response.content_part.added", **self._where(item), "part": part})
@@ -173,9 +218,9 @@ class Response:
                           "message": f"the model wrote a tool call that is not valid JSON: {bad}"}
 
     def _finish(self, done: TurnDone, message: Item | None) -> None:
-        if done.status == "cancelled":
+        if done.status == "cancelled" and not (self.capped and self.cancel_reason is None):
             self.status, self.reason = "cancelled", self.cancel_reason or "client_cancelled"
-        elif done.status == "length":
+        elif done.status == "length" or self.capped:
             self.status, self.reason = "incomplete", "max_output_tokens"
         elif self.error:
             self.status = "failed"
@@ -189,13 +234,13 @@ class Response:
         shell = self.shell()
         if done is not None:
             u = done.usage
-            audio_out = u.audio_frames
+            text_out, audio_out = (self.text_tokens, self.frames) if self.capped else (u.output_tokens, u.audio_frames)
             shell["usage"] = {
-                "total_tokens": u.input_tokens + u.output_tokens + audio_out,
-                "input_tokens": u.input_tokens, "output_tokens": u.output_tokens + audio_out,
+                "total_tokens": u.input_tokens + text_out + audio_out,
+                "input_tokens": u.input_tokens, "output_tokens": text_out + audio_out,
                 "input_token_details": {"cached_tokens": u.cached_tokens, "text_tokens": u.input_tokens,
                                         "audio_tokens": 0},
-                "output_token_details": {"text_tokens": u.output_tokens, "audio_tokens": audio_out},
+                "output_token_details": {"text_tokens": text_out, "audio_tokens": audio_out},
             }
         self.send({"type": "response.done", "response": shell})
         self.send({"type": "rate_limits.updated", "rate_limits": [

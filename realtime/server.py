@@ -213,7 +213,8 @@ class Server:
             trail.saw(event)
             outbox.put(event)
 
-        session = RealtimeSession(send, self.pipeline, model, self.metrics, self.cfg.limits, self.audio)
+        session = RealtimeSession(send, self.pipeline, model, self.metrics, self.cfg.limits, self.audio,
+                                  intent=request.query.get("intent"))
         trail = SessionTrail(session.config["id"], model, self.metrics)
         writer = asyncio.create_task(self._write(ws, outbox))
         watchdog = asyncio.create_task(self._watch(ws, request, session, outbox, release))

@@ -9,7 +9,7 @@ import binascii
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from pipelines.pipeline import Pipeline
-from pipelines.types import GenerationOptions, Message, TextDelta, Turn, TurnDone
+from pipelines.types import Event, GenerationOptions, Message, TextDelta, Turn, TurnDone, TurnError
 
 from . import logs
-from .audio import AudioFormat, decode, to_model_rate
+from .audio import MODEL_RATE, OUTPUT_RATE, AudioFormat, decode, encode, resample, to_model_rate
 from .items import Conversation, Item, item_from_client, to_messages, user_audio_item
 from .metrics import Metrics
 from .protocol import (
@@ -34,6 +34,7 @@ from .protocol import (
     parse_event,
     require,
     speaker_for,
+    update_session,
 )
 from .response import Response
 from .vad import IdleTimeout, ServerVad, SpeechStarted, SpeechStopped, VadConfig
@@ -58,7 +59,9 @@ class Limits:
     max_items: int = 4096  # conversation items kept per session
 
 
-def _decode_append(data: str, fmt: AudioFormat, vad: ServerVad | None, arm_idle: bool) -> tuple[torch.Tensor, list]:
+def _decode_append(data: str, fmt: AudioFormat, vad: ServerVad | None,
+                   arm_idle: int | None) -> tuple[torch.Tensor, list]:
+    """`arm_idle`: start the idle timer that many ms after the audio clock's position (a reply still playing)."""
     """The audio work of one append, on the worker: base64 -> samples, and the turn detector's events."""
     try:
         pcm = decode(base64.b64decode(data, validate=True), fmt)
@@ -66,9 +69,13 @@ def _decode_append(data: str, fmt: AudioFormat, vad: ServerVad | None, arm_idle:
         raise ProtocolError("invalid_value", f"Invalid 'audio': not valid base64 audio ({e}).", "audio") from None
     if vad is None:
         return pcm, []
-    if arm_idle:
-        vad.arm_idle(vad.position_ms)
+    if arm_idle is not None:
+        vad.arm_idle(vad.position_ms + arm_idle)
     return pcm, vad.push(to_model_rate(pcm, fmt))
+
+
+def _encoded(audio_16k: torch.Tensor, fmt: AudioFormat) -> str:
+    return base64.b64encode(encode(resample(audio_16k, MODEL_RATE, OUTPUT_RATE), fmt)).decode()
 
 
 def _items_from_client(raws: list, fmt: AudioFormat) -> list[Item]:
@@ -77,14 +84,18 @@ def _items_from_client(raws: list, fmt: AudioFormat) -> list[Item]:
 
 class RealtimeSession:
     def __init__(self, send: Callable[[dict], None], pipeline: Pipeline, model: str, metrics: Metrics,
-                 limits: Limits = Limits(), executor: Executor | None = None) -> None:
+                 limits: Limits = Limits(), executor: Executor | None = None, intent: str | None = None) -> None:
         """`executor` runs the audio work (decoding, resampling, turn detection) off the event loop; a
-        session hands it one job at a time, so its audio stays in order."""
+        session hands it one job at a time, so its audio stays in order. `intent` "transcription" (the
+        connect URL's `?intent=`) starts a transcription session."""
         self._send_raw, self.pipeline, self.metrics, self.limits = send, pipeline, metrics, limits
         self.executor = executor
         self._tokens, self._refilled = float(limits.append_burst), time.monotonic()
-        self._arm_idle = False
+        self._arm_idle: int | None = None
+        self.model = model
         self.config = default_session(model)
+        if intent == "transcription":
+            self.config = update_session(self.config, {"type": "transcription"}, model)
         self.conversation = Conversation()
         self.buffer: list[torch.Tensor] = []  # input audio at the input format's rate
         self.buffer_ms = 0.0
@@ -97,6 +108,7 @@ class RealtimeSession:
         self.pipe_session = new_id("pipe")
         self.sent: list[str] = []  # item ids the pipeline session already holds, in order
         self.sent_context: tuple | None = None
+        self.dropped: set[str] = set()  # items truncation took out of the model's context (the client keeps them)
         self.committed_at: float | None = None
         self.background: set[asyncio.Task] = set()
         self.respond_after = False
@@ -140,7 +152,7 @@ class RealtimeSession:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     async def session_update(self, event: dict) -> None:
-        self.config = merge_update(self.config, require(event, "session", dict))
+        self.config = update_session(self.config, require(event, "session", dict), self.model)
         self._reset_vad()
         self.send({"type": "session.updated", "session": self.config})
 
@@ -156,11 +168,11 @@ class RealtimeSession:
         if self.buffer_ms / 1000 > self.limits.max_buffer_s or \
                 self.buffer_bytes + held > self.limits.max_buffer_bytes:
             raise ProtocolError("input_audio_buffer_full", "Input audio buffer is full; commit or clear it.")
-        arm, self._arm_idle = self._arm_idle, False
+        arm, self._arm_idle = self._arm_idle, None
         try:
             pcm, events = await self._off(_decode_append, data, fmt, self.vad, arm)
         except ProtocolError:
-            self._arm_idle |= arm  # not armed: the timer starts with the next good append
+            self._arm_idle = arm if self._arm_idle is None else self._arm_idle  # armed by the next good append
             raise
         self.buffer.append(pcm)
         ms = len(pcm) * 1000 / fmt.rate
@@ -182,6 +194,8 @@ class RealtimeSession:
     async def _vad_event(self, ev: SpeechStarted | SpeechStopped | IdleTimeout) -> None:
         td = self.config["audio"]["input"]["turn_detection"]
         if isinstance(ev, IdleTimeout):
+            if self.response is not None:  # the timer starts again when this response has played
+                return
             item_id = new_id("item")
             self.send({"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": ev.audio_start_ms,
                        "audio_end_ms": ev.audio_end_ms, "item_id": item_id})
@@ -204,6 +218,8 @@ class RealtimeSession:
 
     def _respond_when_idle(self) -> None:
         """Answer now, or as soon as the response being cancelled (barge-in) has ended."""
+        if self.transcribing:
+            return
         if self.response is None:
             self._start_response({})
         else:
@@ -229,7 +245,7 @@ class RealtimeSession:
         self.send({"type": "input_audio_buffer.committed", "previous_item_id": prev, "item_id": item_id})
         self.send({"type": "conversation.item.added", "previous_item_id": prev, "item": item.data})
         self.send({"type": "conversation.item.done", "previous_item_id": prev, "item": item.data})
-        if self.config["audio"]["input"].get("transcription"):
+        if self.transcribing or self.config["audio"]["input"].get("transcription"):
             self._transcribe(item)
         return True
 
@@ -256,7 +272,12 @@ class RealtimeSession:
 
     async def item_retrieve(self, event: dict) -> None:
         item = self.conversation.get(require(event, "item_id"))
-        self.send({"type": "conversation.item.retrieved", "item": item.data})
+        data = item.data
+        if item.audio is not None and data.get("role") == "user":  # the user's audio, in the session's format
+            audio = await self._off(_encoded, item.audio, self.input_format)
+            data = {**data, "content": [{**p, "audio": audio} if p["type"] == "input_audio" else p
+                                        for p in data["content"]]}
+        self.send({"type": "conversation.item.retrieved", "item": data})
 
     async def item_delete(self, event: dict) -> None:
         item_id = require(event, "item_id")
@@ -281,8 +302,9 @@ class RealtimeSession:
         rolled_back = False
         if item.turn_id is not None:
             try:
+                heard_ms = int(end_ms * item.speed)  # of the model's audio, before the time-scaling
                 text, rolled_back = await asyncio.wrap_future(self.pipeline.request(
-                    lambda: self.pipeline.program.truncate_reply(self.pipe_session, item.turn_id, end_ms)))
+                    lambda: self.pipeline.program.truncate_reply(self.pipe_session, item.turn_id, heard_ms)))
                 item.data["content"][0]["transcript"] = text
             except KeyError:
                 pass
@@ -293,6 +315,8 @@ class RealtimeSession:
                    "audio_end_ms": end_ms})
 
     async def response_create(self, event: dict) -> None:
+        if self.transcribing:
+            raise ProtocolError("invalid_value", "A transcription session does not create responses.", "session.type")
         if self.response is not None:
             raise ProtocolError("conversation_already_has_active_response",
                                 f"Conversation already has an active response in progress: {self.response.id}. "
@@ -312,21 +336,26 @@ class RealtimeSession:
         self._start_response(spec, inputs)
 
     async def response_cancel(self, event: dict) -> None:
-        if self.response is None:
-            raise ProtocolError("response_cancel_not_active", "Cancellation failed: no active response found.")
+        wanted = event.get("response_id")
+        if wanted is not None and not isinstance(wanted, str):
+            raise ProtocolError("invalid_type", "'response_id' must be a string", "response_id")
+        if self.response is None or wanted not in (None, self.response.id):
+            raise ProtocolError("response_cancel_not_active", "Cancellation failed: no active response found"
+                                + (f" with id {clip(wanted)}." if wanted else "."), "response_id" if wanted else None)
         self._cancel("client_cancelled")
 
     # -- responses ---------------------------------------------------------------------------------
     def _response_config(self, spec: dict) -> dict:
         """The session config with a response.create's overrides, every field checked."""
         allowed = {"conversation", "metadata", "input", "instructions", "output_modalities", "tools",
-                   "tool_choice", "max_output_tokens", "audio", "prompt", "tracing"}
+                   "tool_choice", "max_output_tokens", "audio", "prompt", "tracing", "reasoning", "parallel_tool_calls"}
         unknown = sorted(clip(k) for k in set(spec) - allowed)
         if unknown:
             raise ProtocolError("unknown_parameter", f"Unknown parameter: 'response.{unknown[0]}'.",
                                 f"response.{unknown[0]}")
         overrides = {k: spec[k] for k in ("instructions", "output_modalities", "tools", "tool_choice",
-                                          "max_output_tokens", "audio", "prompt", "tracing") if k in spec}
+                                          "max_output_tokens", "audio", "prompt", "tracing", "reasoning",
+                                          "parallel_tool_calls") if k in spec}
         cfg = merge_update(self.config, overrides, path="response")
         if spec.get("conversation", "auto") not in ("auto", "none"):
             raise ProtocolError("invalid_value", "conversation must be 'auto' or 'none'", "response.conversation")
@@ -342,7 +371,8 @@ class RealtimeSession:
         opts = GenerationOptions(
             audio=modality == "audio", speaker=speaker_for(cfg["audio"]["output"]["voice"]),
             max_text_tokens=self.limits.max_text_tokens if limit == "inf" else limit,
-            max_frames=self.limits.max_frames, tools=tuple(cfg["tools"]) if cfg["tool_choice"] != "none" else (),
+            max_frames=self.limits.max_frames if limit == "inf" else min(limit, self.limits.max_frames),
+            tools=tuple(cfg["tools"]) if cfg["tool_choice"] != "none" else (),
             tool_choice=cfg["tool_choice"],
         )
         turn = Turn(session, messages, opts)
@@ -351,24 +381,27 @@ class RealtimeSession:
                             cfg["audio"]["output"]["voice"], limit, spec.get("metadata"), turn_id=turn.turn_id,
                             started=self.committed_at or time.perf_counter())
         response.on_audio_start = self.metrics.first_audio
+        response.speed = float(cfg["audio"]["output"]["speed"])
+        response.on_cap = lambda: self.pipeline.abort(response.turn_id)
         self.committed_at = None
         self.response = response
         response.created()
-        self.task = asyncio.create_task(self._run(response, turn, out_of_band))
+        events = self._events(turn, response, cfg) if not out_of_band else self.pipeline.submit(turn)
+        self.task = asyncio.create_task(self._run(response, turn, events, out_of_band))
 
     def _messages(self, cfg: dict, inputs: list[Item] | None, out_of_band: bool) -> tuple[str, list[Message]]:
         """The pipeline session and the messages it has not seen yet (all of them after a reset)."""
         context = (cfg["instructions"], json.dumps(cfg["tools"]), json.dumps(cfg["tool_choice"]))
         system = [Message("system", cfg["instructions"])] if cfg["instructions"] else []
         if out_of_band or inputs is not None:
-            messages = system + to_messages(inputs if inputs is not None else self.conversation.items)
+            messages = system + to_messages(inputs if inputs is not None else self._context())
             if not messages:
                 raise ProtocolError("invalid_value", "Nothing to respond to.", "response.input")
             return new_id("oob"), messages
-        ids = [i.id for i in self.conversation.items]
+        items = self._context()
+        ids = [i.id for i in items]
         reuse = context == self.sent_context and ids[: len(self.sent)] == self.sent
-        messages = to_messages(self.conversation.items[len(self.sent):]) if reuse \
-            else system + to_messages(self.conversation.items)
+        messages = to_messages(items[len(self.sent):]) if reuse else system + to_messages(items)
         if not messages:
             raise ProtocolError("invalid_value", "Nothing new in the conversation to respond to.")
         if not reuse:
@@ -377,10 +410,37 @@ class RealtimeSession:
         self.sent, self.sent_context = ids, context
         return self.pipe_session, messages
 
-    async def _run(self, response: Response, turn: Turn, out_of_band: bool) -> None:
+    def _context(self) -> list[Item]:
+        """The conversation as the model reads it: without the items truncation dropped."""
+        return [i for i in self.conversation.items if i.id not in self.dropped]
+
+    async def _events(self, turn: Turn, response: Response, cfg: dict) -> AsyncIterator[Event]:
+        """The turn's events. A turn refused as too long for the context is retried, unless truncation is
+        disabled, as a fresh prefill of the newest items (the retention ratio of them; `auto`: 3/4), until
+        it fits or one item is left."""
+        truncation = cfg["truncation"]
+        ratio = None if truncation == "disabled" else 0.75 if truncation == "auto" else truncation["retention_ratio"]
+        while True:
+            events = self.pipeline.submit(turn)
+            first = await anext(events)
+            items = self._context()
+            keep = max(1, int(len(items) * (ratio or 0)))
+            if ratio is None or not isinstance(first, TurnError) or first.code != "context_too_long" \
+                    or keep >= len(items):
+                break
+            await events.aclose()
+            self.dropped.update(i.id for i in items[: len(items) - keep])
+            self.sent_context = None  # a new pipeline session: the kept items are prefilled again
+            turn = Turn(*self._messages(cfg, None, False), turn.options)
+            response.turn_id = turn.turn_id
+        yield first
+        async for event in events:
+            yield event
+
+    async def _run(self, response: Response, turn: Turn, events: AsyncIterator[Event], out_of_band: bool) -> None:
         start = time.perf_counter()
         try:
-            await response.run(self.pipeline.submit(turn))
+            await response.run(events)
         except Exception as e:  # never leave a client without response.done
             log.exception("response %s failed", response.id)
             response.fail(str(e))
@@ -403,7 +463,9 @@ class RealtimeSession:
                 except Exception:
                     log.exception("response after a barge-in failed to start")
                     self.send(SERVER_ERROR.event(None))
-            self._arm_idle = True  # the idle timer starts at the audio clock's next push
+            # GA: the idle timer starts once the reply's audio has played (its end + its duration), on the
+            # audio clock from its next push
+            self._arm_idle = response.audio_samples * 1000 // 24000
 
     def _cancel(self, reason: str) -> None:
         if self.response is not None and self.response.status == "in_progress":
@@ -418,9 +480,11 @@ class RealtimeSession:
                                     Message("user", "", item.audio)], opts)
 
         async def run() -> None:
-            text = ""
+            text, failed = "", None
             try:
                 async for ev in self.pipeline.submit(turn):
+                    if isinstance(ev, TurnError):
+                        failed = {"type": "server_error", "code": ev.code, "message": clip(ev.message, 500)}
                     if isinstance(ev, TextDelta) and ev.text:
                         text += ev.text
                         self.send({"type": "conversation.item.input_audio_transcription.delta",
@@ -433,14 +497,25 @@ class RealtimeSession:
                                    "usage": {"type": "tokens", "input_tokens": u.input_tokens,
                                              "output_tokens": u.output_tokens,
                                              "total_tokens": u.input_tokens + u.output_tokens}})
+            except Exception as e:
+                log.exception("transcription of %s failed", item.id)
+                failed = {"type": "server_error", "code": "server_error", "message": clip(str(e), 500)}
             finally:
                 self.pipeline.end_session(turn.session_id)
+            if failed is not None:
+                self.send({"type": "conversation.item.input_audio_transcription.failed", "item_id": item.id,
+                           "content_index": 0, "error": failed})
 
         task = asyncio.create_task(run())
         self.background.add(task)
         task.add_done_callback(self.background.discard)
 
     # -- helpers -----------------------------------------------------------------------------------
+    @property
+    def transcribing(self) -> bool:
+        """A transcription session: transcripts of each commit, never a response."""
+        return self.config["type"] == "transcription"
+
     @property
     def input_format(self) -> AudioFormat:
         return AudioFormat.from_config(self.config["audio"]["input"]["format"])
@@ -452,6 +527,8 @@ class RealtimeSession:
         elif self.vad is None or self.vad.cfg != VadConfig.from_config(td):
             self.vad = ServerVad(VadConfig.from_config(td))
             self.vad.reset(int(self.clock_ms))
+            if self.response is None:  # the timer runs from now: the session's start, or this update
+                self.vad.arm_idle(int(self.clock_ms))
 
 
 HANDLERS = {

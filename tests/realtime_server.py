@@ -69,3 +69,9 @@ async def until(conn, kind: str, seen: list[dict] | None = None, timeout: float 
             seen.append(event)
         if event["type"] == kind:
             return event
+
+
+def errors_by_code(server: Server) -> dict[str, int]:
+    """Error events sent to clients so far, by code (the server's `omni_errors_total` counter)."""
+    return {s.labels["code"]: int(s.value) for m in server.metrics.registry.collect() for s in m.samples
+            if s.name == "omni_errors_total"}

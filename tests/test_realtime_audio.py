@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from realtime.audio import AudioFormat, OutputEncoder, decode, encode, to_model_rate
+from realtime.audio import AudioFormat, OutputEncoder, TimeStretch, decode, encode, to_model_rate
 from tests.speech import speech_like
 
 PCM = AudioFormat.from_config({"type": "audio/pcm", "rate": 24000})
@@ -108,3 +108,25 @@ def test_output_encoder_is_reusable_after_flush() -> None:
     enc = OutputEncoder(PCMU)
     first = enc.push(x) + enc.flush()
     assert first == enc.push(x[:1000]) + enc.push(x[1000:]) + enc.flush() == encode(x, PCMU)
+
+
+def test_time_stretch_keeps_the_pitch_and_ignores_chunking():
+    sr = 24000
+    t = np.arange(2 * sr) / sr
+    tone = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+    for speed in (0.5, 0.8, 1.25, 1.5):
+        outs = []
+        for chunk in (1920, 777, len(tone)):
+            ts = TimeStretch(speed)
+            outs.append(np.concatenate([ts.push(tone[i : i + chunk]) for i in range(0, len(tone), chunk)]
+                                       + [ts.flush()]))
+        y = outs[0]
+        assert all(np.array_equal(y, o) for o in outs[1:])  # the same samples however the input was cut
+        assert len(y) == round(len(tone) / speed)
+        mid = y[2000:-2000]
+        pitch = np.fft.rfftfreq(len(mid), 1 / sr)[np.argmax(np.abs(np.fft.rfft(mid)))]
+        assert abs(pitch - 220) < 2, (speed, pitch)  # resampling would give 220 * speed
+        envelope = [np.sqrt(np.mean(mid[i : i + 480] ** 2)) for i in range(0, len(mid) - 480, 480)]
+        assert min(envelope) > 0.2 and max(envelope) < 0.22  # no dropouts or bumps at the frame joins
+    ts = TimeStretch(1.5)
+    assert len(np.concatenate([ts.push(np.full(100, 0.1, np.float32)), ts.flush()])) == 67
