@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -53,7 +52,6 @@ class Metrics:
         self._rtf = Histogram("omni_rtf", "Real-time factor of responses (generation time / audio time).",
                               buckets=RTF_BUCKETS, registry=self.registry)
         self._errors = Counter("omni_errors", "Errors sent to clients, by code.", ["code"], registry=self.registry)
-        self.errors: collections.Counter[str] = collections.Counter()  # the same counts, for reading in-process
         self.registry.register(_Live(self))
 
     def first_audio(self, seconds: float) -> None:
@@ -64,7 +62,6 @@ class Metrics:
 
     def error(self, code: str) -> None:
         self._errors.labels(code=code).inc()
-        self.errors[code] += 1
 
     async def scrape(self, pipeline: Pipeline) -> bytes:
         """The exposition text; engine families only when the engine answers within ENGINE_TIMEOUT_S."""
