@@ -75,3 +75,10 @@ def errors_by_code(server: Server) -> dict[str, int]:
     """Error events sent to clients so far, by code (the server's `omni_errors_total` counter)."""
     return {s.labels["code"]: int(s.value) for m in server.metrics.registry.collect() for s in m.samples
             if s.name == "omni_errors_total"}
+
+
+async def append_audio(conn, samples: np.ndarray, chunk_s: float = 0.1) -> None:
+    """Stream 24 kHz samples through an SDK connection as `input_audio_buffer.append` events."""
+    step = int(24000 * chunk_s)
+    for i in range(0, len(samples), step):
+        await conn.input_audio_buffer.append(audio=pcm16_b64(samples[i : i + step]))

@@ -8,13 +8,12 @@ import base64
 import json
 
 import aiohttp
-import numpy as np
 import pytest
 
 from models.registry import build_pipeline
 from realtime.server import ServerConfig
 from realtime.session import Limits
-from tests.realtime_server import client, next_event, pcm16_b64, running, until
+from tests.realtime_server import append_audio, client, next_event, pcm16_b64, running, until
 from tests.speech import speech_in_silence, speech_like
 
 LIMITS = Limits(max_text_tokens=10, max_frames=8)
@@ -38,12 +37,6 @@ def pipeline():
 def server(pipeline):
     with running(pipeline, ServerConfig(max_sessions=10, limits=LIMITS)) as (url, srv):
         yield url, srv
-
-
-async def append_audio(conn, samples: np.ndarray, chunk_s: float = 0.1) -> None:
-    step = int(24000 * chunk_s)
-    for i in range(0, len(samples), step):
-        await conn.input_audio_buffer.append(audio=pcm16_b64(samples[i : i + step]))
 
 
 async def manual_turn(conn, seconds: float = 1.0, seed: int = 0) -> list[dict]:

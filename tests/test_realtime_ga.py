@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from models.registry import build_pipeline
 from realtime.server import ServerConfig
 from realtime.session import Limits
-from tests.realtime_server import client, next_event, pcm16_b64, running, until
+from tests.realtime_server import append_audio, client, next_event, pcm16_b64, running, until
 from tests.speech import speech_in_silence, speech_like
 
 LIMITS = Limits(max_text_tokens=10, max_frames=8, transcription_tokens=12)
@@ -83,12 +83,6 @@ def pipeline():
 def server(pipeline):
     with running(pipeline, ServerConfig(max_sessions=10, limits=LIMITS)) as (url, srv):
         yield url, srv
-
-
-async def append_audio(conn, samples: np.ndarray, chunk_s: float = 0.1) -> None:
-    step = int(24000 * chunk_s)
-    for i in range(0, len(samples), step):
-        await conn.input_audio_buffer.append(audio=pcm16_b64(samples[i : i + step]))
 
 
 def test_invalid_values_are_refused_by_name_and_valid_ga_fields_accepted(server):
