@@ -102,6 +102,7 @@ class Usage:
     cached_tokens: int
     output_tokens: int
     audio_frames: int
+    audio_input_tokens: int = 0  # of input_tokens, those that carry audio
 
 
 @dataclass(frozen=True)

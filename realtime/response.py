@@ -238,8 +238,9 @@ class Response:
             shell["usage"] = {
                 "total_tokens": u.input_tokens + text_out + audio_out,
                 "input_tokens": u.input_tokens, "output_tokens": text_out + audio_out,
-                "input_token_details": {"cached_tokens": u.cached_tokens, "text_tokens": u.input_tokens,
-                                        "audio_tokens": 0},
+                "input_token_details": {"cached_tokens": u.cached_tokens,
+                                        "text_tokens": u.input_tokens - u.audio_input_tokens,
+                                        "audio_tokens": u.audio_input_tokens},
                 "output_token_details": {"text_tokens": text_out, "audio_tokens": audio_out},
             }
         self.send({"type": "response.done", "response": shell})

@@ -495,6 +495,9 @@ class RealtimeSession:
                         self.send({"type": "conversation.item.input_audio_transcription.completed",
                                    "item_id": item.id, "content_index": 0, "transcript": text,
                                    "usage": {"type": "tokens", "input_tokens": u.input_tokens,
+                                             "input_token_details": {
+                                                 "text_tokens": u.input_tokens - u.audio_input_tokens,
+                                                 "audio_tokens": u.audio_input_tokens},
                                              "output_tokens": u.output_tokens,
                                              "total_tokens": u.input_tokens + u.output_tokens}})
             except Exception as e:

@@ -94,6 +94,9 @@ def test_manual_turn_with_the_openai_sdk(server):
             assert events[1]["item"]["id"] == user_item and events[1]["item"]["role"] == "user"
             done = check_audio_turn(events)
             assert done["status"] == "incomplete" and done["status_details"]["reason"] == "max_output_tokens"
+            inputs = done["usage"]["input_token_details"]
+            assert inputs["audio_tokens"] == 13  # 1 s of speech is 13 audio tokens
+            assert inputs["text_tokens"] + inputs["audio_tokens"] == done["usage"]["input_tokens"]
             added = [e for e in events if e["type"] == "conversation.item.added" and e["item"]["role"] == "assistant"]
             added = added[0]
             assert added["previous_item_id"] == user_item

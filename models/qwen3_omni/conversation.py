@@ -94,6 +94,7 @@ class TurnState:
     prompt_ready: bool = False
     speaking: bool = True  # False for text-only turns and for replies that are tool calls
     tool_call_id: int = -1  # the token that opens a tool call (<tool_call>)
+    audio_token_id: int = -1  # audio_pad: one input token of audio
     reply_ids: list[int] = field(default_factory=list)
     thinker_done: bool = False
     text_stop: str = "completed"
@@ -207,8 +208,9 @@ class TurnState:
         tail = self.decoder.flush()
         if tail:
             self.emit(TextDelta(self.turn_id, tail, ()))
-        usage = Usage(len(self.prompt_ids) + self.cached_tokens, self.cached_tokens, len(self.reply_ids),
-                      len(self.codes))
+        n_input = len(self.prompt_ids) + self.cached_tokens
+        audio_in = self.session.ids[:n_input].count(self.audio_token_id)
+        usage = Usage(n_input, self.cached_tokens, len(self.reply_ids), len(self.codes), audio_in)
         text = self.decoder.tokenizer.decode(self.reply_ids, skip_special=True)
         is_call = bool(self.reply_ids) and self.reply_ids[0] == self.tool_call_id
         calls, invalid = parse_tool_calls(text) if is_call else ([], [])

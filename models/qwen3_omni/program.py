@@ -167,6 +167,7 @@ class Qwen3OmniProgram:
             turn.turn_id, session, opts, emit, self.tokenizer.stream_decoder(skip_special=True), im_end,
             self.steps["thinker"].tts, prompt_ids=list(prompt.ids), cached_tokens=len(session.ids),
             audio_features=features, speaking=opts.audio, tool_call_id=self.tokenizer.special_ids["<tool_call>"],
+            audio_token_id=self.model.cfg.thinker.audio_token_id,
         )
         works: list[tuple[Stage, Work]] = []
         s = self.by_name
