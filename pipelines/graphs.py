@@ -55,8 +55,6 @@ class GraphRunner:
         self.graphs_on = graphs and self.device.type == "cuda"
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensors]] = {}
         self.capture_s = 0.0
-        self.calls = 0
-        self.rows = 0  # real rows run (padding excluded)
 
     @property
     def max_batch(self) -> int:
@@ -99,8 +97,6 @@ class GraphRunner:
                 src = torch.as_tensor(np.asarray(value), dtype=dst.dtype).reshape(dst.shape)
                 dst.copy_(src.pin_memory() if self.device.type == "cuda" else src, non_blocking=True)
         self._pad(n, b)
-        self.calls += 1
-        self.rows += n
         if b in self.graphs:
             graph, out = self.graphs[b]
             graph.replay()

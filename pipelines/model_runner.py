@@ -43,7 +43,6 @@ class ModelRunner:
         self.device = torch.device(device)
         self.steps = 0
         self.busy_s = 0.0
-        self.graph_steps = 0  # steps that ran the fixed-shape path
 
     def capture(self, pool: object | None) -> object | None:
         capture = getattr(self.model, "capture", None)
@@ -56,9 +55,7 @@ class ModelRunner:
         start = time.perf_counter()
         with torch.inference_mode(), torch.profiler.record_function(self.name):
             decode = getattr(self.model, "decode", None)
-            if not batch.prefill and decode is not None and decode(batch.works):
-                self.graph_steps += 1
-            else:
+            if batch.prefill or decode is None or not decode(batch.works):
                 view = None
                 if self.kv is not None:
                     view = self.kv.batch([(w.key, n) for w, n in zip(batch.works, batch.lengths, strict=True)])

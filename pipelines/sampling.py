@@ -71,19 +71,31 @@ def top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) 
     return logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
 
 
+@dataclass
 class Sampler:
-    """Per-row parameters packed once per batch composition; `__call__` is pure tensor work."""
+    """Per-row parameters as [B] device tensors; `__call__` is pure tensor work. `any_penalty` and
+    `all_greedy` let a step skip work on the host; a captured step keeps the defaults (full path)."""
 
-    def __init__(self, params: list[SamplingParams], device: torch.device | str) -> None:
+    greedy: torch.Tensor
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    penalty: torch.Tensor
+    seed: torch.Tensor
+    any_penalty: bool = True
+    all_greedy: bool = False
+
+    @classmethod
+    def of(cls, params: list[SamplingParams], device: torch.device | str) -> Sampler:
+        """Packed once per batch composition from the rows' parameters."""
         f = lambda xs, dt: torch.tensor(xs, dtype=dt, device=device)  # noqa: E731
-        self.greedy = f([p.greedy for p in params], torch.bool)
-        self.temperature = f([p.temperature if not p.greedy else 1.0 for p in params], torch.float32)
-        self.top_k = f([p.top_k for p in params], torch.long)
-        self.top_p = f([p.top_p for p in params], torch.float32)
-        self.penalty = f([p.repetition_penalty for p in params], torch.float32)
-        self.seed = f([p.seed for p in params], torch.long)
-        self.any_penalty = any(p.repetition_penalty != 1.0 for p in params)
-        self.all_greedy = all(p.greedy for p in params)
+        return cls(
+            f([p.greedy for p in params], torch.bool),
+            f([p.temperature if not p.greedy else 1.0 for p in params], torch.float32),
+            f([p.top_k for p in params], torch.long), f([p.top_p for p in params], torch.float32),
+            f([p.repetition_penalty for p in params], torch.float32), f([p.seed for p in params], torch.long),
+            any(p.repetition_penalty != 1.0 for p in params), all(p.greedy for p in params),
+        )
 
     def __call__(
         self,

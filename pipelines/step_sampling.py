@@ -2,7 +2,7 @@
 
 A captured step cannot branch on the batch's parameters on the host, so the sampler built here always
 runs the full path (penalty, temperature, top-k/top-p, Gumbel draw) and picks argmax rows by mask;
-the result per row equals `Sampler(params)` on the same logits.
+the result per row equals `Sampler.of(params)` on the same logits.
 """
 
 from __future__ import annotations
@@ -35,9 +35,4 @@ def sampling_rows(prefix: str, params: list[SamplingParams]) -> dict[str, np.nda
 
 def static_sampler(buffers: Tensors, prefix: str) -> Sampler:
     """A Sampler over the step's buffers (no host-side shortcuts)."""
-    s = Sampler.__new__(Sampler)
-    s.greedy, s.temperature = buffers[f"{prefix}.greedy"], buffers[f"{prefix}.temperature"]
-    s.top_k, s.top_p = buffers[f"{prefix}.top_k"], buffers[f"{prefix}.top_p"]
-    s.penalty, s.seed = buffers[f"{prefix}.penalty"], buffers[f"{prefix}.seed"]
-    s.any_penalty, s.all_greedy = True, False
-    return s
+    return Sampler(*(buffers[f"{prefix}.{k}"] for k in _FIELDS))

@@ -6,7 +6,7 @@ from pipelines.sampling import Sampler, SamplingParams, top_k_top_p, uniform
 
 def test_greedy_is_argmax_and_suppression_applies():
     logits = torch.randn(3, 50)
-    s = Sampler([SamplingParams(greedy=True)] * 3, "cpu")
+    s = Sampler.of([SamplingParams(greedy=True)] * 3, "cpu")
     step = torch.zeros(3, dtype=torch.long)
     assert torch.equal(s(logits, step), logits.argmax(-1))
     suppress = torch.zeros(50, dtype=torch.bool)
@@ -21,7 +21,7 @@ def test_greedy_is_argmax_and_suppression_applies():
 def test_repetition_penalty_matches_reference_rule():
     logits = torch.tensor([[2.0, 1.9, -1.0, -1.05]])
     seen = torch.tensor([[True, False, True, False]])
-    s = Sampler([SamplingParams(greedy=True, repetition_penalty=1.1)], "cpu")
+    s = Sampler.of([SamplingParams(greedy=True, repetition_penalty=1.1)], "cpu")
     assert s(logits, torch.zeros(1, dtype=torch.long), seen=seen).item() == 1  # 2.0/1.1 < 1.9
 
 
@@ -30,8 +30,8 @@ def test_row_draws_do_not_depend_on_the_batch():
     logits = torch.randn(4, 300)
     params = [SamplingParams(temperature=0.9, top_k=50, top_p=0.8, seed=i) for i in range(4)]
     steps = torch.tensor([0, 5, 9, 2])
-    together = Sampler(params, "cpu")(logits, steps)
-    alone = [Sampler([p], "cpu")(logits[i : i + 1], steps[i : i + 1]).item() for i, p in enumerate(params)]
+    together = Sampler.of(params, "cpu")(logits, steps)
+    alone = [Sampler.of([p], "cpu")(logits[i : i + 1], steps[i : i + 1]).item() for i, p in enumerate(params)]
     assert together.tolist() == alone
 
 
@@ -39,7 +39,7 @@ def test_sampling_follows_the_distribution():
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     n = 6000
     logits = probs.log().expand(n, 4)
-    s = Sampler([SamplingParams(seed=7)] * n, "cpu")
+    s = Sampler.of([SamplingParams(seed=7)] * n, "cpu")
     draws = s(logits, torch.arange(n))
     freq = torch.bincount(draws, minlength=4).float() / n
     assert torch.allclose(freq, probs, atol=0.025), freq

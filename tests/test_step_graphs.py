@@ -68,7 +68,7 @@ def test_thinker_decode_equals_the_variable_shape_path_and_padding_changes_nothi
     with torch.inference_mode():
         ref_hidden = reference_decode(model.thinker, cache, keys, x)
         ref_logits = model.thinker.logits(ref_hidden[:, -1])
-        ref_ids = Sampler([SAMPLED] * len(keys), "cpu")(ref_logits, torch.full((len(keys),), 4))
+        ref_ids = Sampler.of([SAMPLED] * len(keys), "cpu")(ref_logits, torch.full((len(keys),), 4))
     for k in keys:  # the reference wrote the new token's K/V; the step writes the same slots again
         assert cache.length(k) == LENGTHS[keys.index(k)]
     step = ThinkerDecode(model, cache, text.vocab_size)
@@ -109,8 +109,8 @@ def test_talker_frame_equals_the_variable_shape_path_and_padding_changes_nothing
     frames = torch.tensor([2, 0, 7])
     with torch.inference_mode():
         last = reference_decode(talker, cache, keys, x)[:, -1]
-        code0 = Sampler([SAMPLED] * n, "cpu")(talker.codec_logits(last), frames, seen[:n].clone(), suppress)
-        pred = Sampler([predictor] * n, "cpu")
+        code0 = Sampler.of([SAMPLED] * n, "cpu")(talker.codec_logits(last), frames, seen[:n].clone(), suppress)
+        pred = Sampler.of([predictor] * n, "cpu")
         ref = talker.next_frame(last, code0, lambda lg, s: pred(lg, frames * 16 + s))
     step = TalkerFrame(model, cache, seen, suppress, eos)
     width = 16

@@ -129,9 +129,9 @@ class TalkerStep:
             suppress = suppress.expand(len(works), -1).clone()
             suppress[torch.tensor([o.ignore_eos for o in opts], device=self.device), self.eos] = True
         logits = talker.codec_logits(last)
-        code0 = Sampler(talker_params, self.device)(logits, frames, self.seen[slots], suppress)
+        code0 = Sampler.of(talker_params, self.device)(logits, frames, self.seen[slots], suppress)
         self.seen[slots, code0] = True
-        predictor = Sampler([GREEDY if o.greedy else o.predictor for o in opts], self.device)
+        predictor = Sampler.of([GREEDY if o.greedy else o.predictor for o in opts], self.device)
         frame = talker.next_frame(last, code0, lambda logits, step: predictor(logits, frames * 16 + step))
         out = {"codes": frame.codes, "embed_sum": frame.embed_sum, "bad": nan_rows(logits)}
         self._commit(works, out, keep)

@@ -87,7 +87,7 @@ class ThinkerStep:
         logits = thinker.logits(last_rows(hidden, lengths))[:, : self.vocab]
         params = [w.turn.options.thinker or GREEDY for w in works]
         steps = torch.tensor([len(w.turn.reply_ids) for w in works], device=self.device)
-        ids = Sampler(params, self.device)(logits, steps, suppress=self._no_eos(works, logits.shape[-1]))
+        ids = Sampler.of(params, self.device)(logits, steps, suppress=self._no_eos(works, logits.shape[-1]))
         embeds = thinker.embed(ids)
         self._commit(works, {"ids": ids, "embeds": embeds, "projected": talker.project_text(embeds),
                              "bad": nan_rows(logits)})
