@@ -4,8 +4,6 @@ active response, driven by client events and by the pipeline."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 import logging
 import time
@@ -17,10 +15,11 @@ from typing import Any
 import torch
 
 from pipelines.pipeline import Pipeline
-from pipelines.types import Event, GenerationOptions, Message, TextDelta, Turn, TurnDone, TurnError
+from pipelines.types import Event, GenerationOptions, Message, Turn, TurnError
 
 from . import logs
-from .audio import MODEL_RATE, OUTPUT_RATE, AudioFormat, decode, encode, resample, to_model_rate
+from .audio import AudioFormat, to_model_rate
+from .input_audio import AppendRate, decode_append, encoded
 from .items import Conversation, Item, item_from_client, to_messages, user_audio_item
 from .metrics import Metrics
 from .protocol import (
@@ -37,6 +36,7 @@ from .protocol import (
     update_session,
 )
 from .response import Response
+from .transcription import transcribe
 from .vad import IdleTimeout, ServerVad, SpeechStarted, SpeechStopped, VadConfig
 
 log = logging.getLogger(__name__)
@@ -59,25 +59,6 @@ class Limits:
     max_items: int = 4096  # conversation items kept per session
 
 
-def _decode_append(data: str, fmt: AudioFormat, vad: ServerVad | None,
-                   arm_idle: int | None) -> tuple[torch.Tensor, list]:
-    """`arm_idle`: start the idle timer that many ms after the audio clock's position (a reply still playing)."""
-    """The audio work of one append, on the worker: base64 -> samples, and the turn detector's events."""
-    try:
-        pcm = decode(base64.b64decode(data, validate=True), fmt)
-    except (binascii.Error, ValueError) as e:
-        raise ProtocolError("invalid_value", f"Invalid 'audio': not valid base64 audio ({e}).", "audio") from None
-    if vad is None:
-        return pcm, []
-    if arm_idle is not None:
-        vad.arm_idle(vad.position_ms + arm_idle)
-    return pcm, vad.push(to_model_rate(pcm, fmt))
-
-
-def _encoded(audio_16k: torch.Tensor, fmt: AudioFormat) -> str:
-    return base64.b64encode(encode(resample(audio_16k, MODEL_RATE, OUTPUT_RATE), fmt)).decode()
-
-
 def _items_from_client(raws: list, fmt: AudioFormat) -> list[Item]:
     return [item_from_client(raw, fmt) for raw in raws]
 
@@ -90,7 +71,7 @@ class RealtimeSession:
         connect URL's `?intent=`) starts a transcription session."""
         self._send_raw, self.pipeline, self.metrics, self.limits = send, pipeline, metrics, limits
         self.executor = executor
-        self._tokens, self._refilled = float(limits.append_burst), time.monotonic()
+        self.append_rate = AppendRate(limits.max_appends_per_s, limits.append_burst)
         self._arm_idle: int | None = None
         self.model = model
         self.config = default_session(model)
@@ -160,7 +141,7 @@ class RealtimeSession:
         data = require(event, "audio")
         if len(data) > MAX_APPEND_BYTES * 4 // 3 + 4:
             raise ProtocolError("invalid_value", "Audio chunk is larger than 15 MiB.", "audio")
-        if not self._take_append_token():
+        if not self.append_rate.take():
             raise ProtocolError("rate_limit_exceeded", f"Too many input_audio_buffer.append events: at most "
                                 f"{self.limits.max_appends_per_s:g} per second; send larger chunks.")
         fmt = self.input_format
@@ -170,7 +151,7 @@ class RealtimeSession:
             raise ProtocolError("input_audio_buffer_full", "Input audio buffer is full; commit or clear it.")
         arm, self._arm_idle = self._arm_idle, None
         try:
-            pcm, events = await self._off(_decode_append, data, fmt, self.vad, arm)
+            pcm, events = await self._off(decode_append, data, fmt, self.vad, arm)
         except ProtocolError:
             self._arm_idle = arm if self._arm_idle is None else self._arm_idle  # armed by the next good append
             raise
@@ -181,15 +162,6 @@ class RealtimeSession:
         self.clock_ms += ms
         for ev in events:
             await self._vad_event(ev)
-
-    def _take_append_token(self) -> bool:
-        now = time.monotonic()
-        rate, burst = self.limits.max_appends_per_s, self.limits.append_burst
-        self._tokens, self._refilled = min(burst, self._tokens + (now - self._refilled) * rate), now
-        if self._tokens < 1:
-            return False
-        self._tokens -= 1
-        return True
 
     async def _vad_event(self, ev: SpeechStarted | SpeechStopped | IdleTimeout) -> None:
         td = self.config["audio"]["input"]["turn_detection"]
@@ -274,7 +246,7 @@ class RealtimeSession:
         item = self.conversation.get(require(event, "item_id"))
         data = item.data
         if item.audio is not None and data.get("role") == "user":  # the user's audio, in the session's format
-            audio = await self._off(_encoded, item.audio, self.input_format)
+            audio = await self._off(encoded, item.audio, self.input_format)
             data = {**data, "content": [{**p, "audio": audio} if p["type"] == "input_audio" else p
                                         for p in data["content"]]}
         self.send({"type": "conversation.item.retrieved", "item": data})
@@ -474,42 +446,7 @@ class RealtimeSession:
 
     # -- input transcription, by the model itself, in the background -------------------------------------
     def _transcribe(self, item: Item) -> None:
-        opts = GenerationOptions(audio=False, background=True, max_text_tokens=self.limits.transcription_tokens)
-        turn = Turn(new_id("asr"), [Message("system", "Transcribe the user's speech exactly, in its language. "
-                                                      "Reply with the transcript only."),
-                                    Message("user", "", item.audio)], opts)
-
-        async def run() -> None:
-            text, failed = "", None
-            try:
-                async for ev in self.pipeline.submit(turn):
-                    if isinstance(ev, TurnError):
-                        failed = {"type": "server_error", "code": ev.code, "message": clip(ev.message, 500)}
-                    if isinstance(ev, TextDelta) and ev.text:
-                        text += ev.text
-                        self.send({"type": "conversation.item.input_audio_transcription.delta",
-                                   "item_id": item.id, "content_index": 0, "delta": ev.text})
-                    elif isinstance(ev, TurnDone):
-                        item.data["content"][0]["transcript"] = text
-                        u = ev.usage
-                        self.send({"type": "conversation.item.input_audio_transcription.completed",
-                                   "item_id": item.id, "content_index": 0, "transcript": text,
-                                   "usage": {"type": "tokens", "input_tokens": u.input_tokens,
-                                             "input_token_details": {
-                                                 "text_tokens": u.input_tokens - u.audio_input_tokens,
-                                                 "audio_tokens": u.audio_input_tokens},
-                                             "output_tokens": u.output_tokens,
-                                             "total_tokens": u.input_tokens + u.output_tokens}})
-            except Exception as e:
-                log.exception("transcription of %s failed", item.id)
-                failed = {"type": "server_error", "code": "server_error", "message": clip(str(e), 500)}
-            finally:
-                self.pipeline.end_session(turn.session_id)
-            if failed is not None:
-                self.send({"type": "conversation.item.input_audio_transcription.failed", "item_id": item.id,
-                           "content_index": 0, "error": failed})
-
-        task = asyncio.create_task(run())
+        task = asyncio.create_task(transcribe(self.pipeline, self.send, item, self.limits.transcription_tokens))
         self.background.add(task)
         task.add_done_callback(self.background.discard)
 

@@ -1,0 +1,57 @@
+"""The audio work of a session's input, kept off the event loop: decoding an append (and running the
+turn detector over it), encoding a user item's audio back for retrieval; and the append rate limit."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .audio import MODEL_RATE, OUTPUT_RATE, AudioFormat, decode, encode, resample, to_model_rate
+from .protocol import ProtocolError
+from .vad import ServerVad
+
+
+def decode_append(
+    data: str, fmt: AudioFormat, vad: ServerVad | None, arm_idle: int | None
+) -> tuple[torch.Tensor, list]:
+    """One append, on the worker: base64 -> samples, and the turn detector's events. `arm_idle`: start the
+    idle timer that many ms after the audio clock's position (a reply still playing)."""
+    try:
+        pcm = decode(base64.b64decode(data, validate=True), fmt)
+    except (binascii.Error, ValueError) as e:
+        raise ProtocolError("invalid_value", f"Invalid 'audio': not valid base64 audio ({e}).", "audio") from None
+    if vad is None:
+        return pcm, []
+    if arm_idle is not None:
+        vad.arm_idle(vad.position_ms + arm_idle)
+    return pcm, vad.push(to_model_rate(pcm, fmt))
+
+
+def encoded(audio_16k: torch.Tensor, fmt: AudioFormat) -> str:
+    """A user item's audio (kept at the model's rate) as base64 in the session's input format."""
+    return base64.b64encode(encode(resample(audio_16k, MODEL_RATE, OUTPUT_RATE), fmt)).decode()
+
+
+@dataclass
+class AppendRate:
+    """Token bucket: `rate` appends a second sustained, bursts of up to `burst`."""
+
+    rate: float
+    burst: int
+    tokens: float = field(init=False)
+    refilled: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.tokens = float(self.burst)
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens, self.refilled = min(self.burst, self.tokens + (now - self.refilled) * self.rate), now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
