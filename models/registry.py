@@ -1,33 +1,62 @@
-"""Which model folder serves a checkpoint: by config.json's `model_type` ('tiny' is Qwen3-Omni's preset)."""
+"""Which model folder serves a checkpoint: by config.json's `model_type`, or by a tiny preset's name.
+
+Adding a model is one entry in MODELS: its model_type, its tiny presets, and the function that builds
+its Pipeline. Nothing else outside the model's folder names it.
+"""
 
 from __future__ import annotations
 
+import importlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.pipeline import Pipeline
 
-SUPPORTED = ("qwen3_omni_moe",)
+
+@dataclass(frozen=True)
+class Entry:
+    model_type: str  # config.json's model_type
+    presets: tuple[str, ...]  # tiny random-weight presets, served without files
+    builder: str  # "module:function" building the Pipeline (imported only when used)
+
+
+MODELS = (
+    Entry("qwen3_omni_moe", ("tiny", "tiny-thinker"), "models.qwen3_omni.program:build"),
+)
+
+
+def presets() -> tuple[str, ...]:
+    return tuple(p for e in MODELS for p in e.presets)
+
+
+def entry(model: str) -> Entry:
+    """The entry serving `model` (a preset name or a checkpoint directory); one-line errors otherwise."""
+    for e in MODELS:
+        if model in e.presets:
+            return e
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{model}: not a preset ({', '.join(presets())}) and no config.json there")
+    try:
+        kind = json.loads(path.read_text()).get("model_type", "")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise ValueError(f"{path}: not a JSON config ({e})") from None
+    for e in MODELS:
+        if e.model_type == kind:
+            return e
+    supported = ", ".join(e.model_type for e in MODELS)
+    raise ValueError(f"{model}: model_type '{kind}' is not supported (supported: {supported})")
 
 
 def model_type(model: str) -> str:
-    if model == "tiny":
-        return "qwen3_omni_moe"
-    path = Path(model) / "config.json"
-    if not path.exists():
-        raise FileNotFoundError(f"{model}: not 'tiny' and no config.json there")
-    kind = json.loads(path.read_text()).get("model_type", "")
-    if kind not in SUPPORTED:
-        raise ValueError(f"{model}: model_type '{kind}' is not supported (supported: {', '.join(SUPPORTED)})")
-    return kind
+    return entry(model).model_type
 
 
 def build_pipeline(model: str, device: str = "cpu", dtype: str | None = None, graphs: bool | None = None,
                    kv_memory_gib: float | None = None, **stage_overrides: dict) -> Pipeline:
     """Load `model` and return its (not yet started) Pipeline. `graphs` None: CUDA graphs on CUDA;
     `kv_memory_gib` None: on CUDA, KV caches from the memory left after the weights."""
-    model_type(model)
-    from models.qwen3_omni.placement import PipelineConfig
-    from models.qwen3_omni.program import build_pipeline as build_qwen3_omni
-
-    return build_qwen3_omni(PipelineConfig.on(model, device, dtype, graphs, kv_memory_gib, **stage_overrides))
+    module, name = entry(model).builder.split(":")
+    build = getattr(importlib.import_module(module), name)
+    return build(model, device, dtype, graphs, kv_memory_gib, **stage_overrides)

@@ -1,6 +1,9 @@
 """Paged KV cache: fixed-size blocks in one preallocated pool per layer, a block table per sequence.
 
-A sequence (one session's conversation, or one turn of a talker) owns a list of blocks; its token i
+`KVCache` is what an attention layer of any model needs from a cache; the paged cache's batch views
+(`BatchKV` here, and pipelines/kv_views.py's fixed-shape ones) implement it.
+
+A sequence (one session's conversation, or one stream of a later stage) owns a list of blocks; its token i
 lives in slot `blocks[i // block_size] * block_size + i % block_size`. Blocks come back on release,
 truncate (rollback) and eviction. `check()` verifies that every block is free or owned exactly once.
 """
@@ -9,8 +12,17 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
+
+
+class KVCache(Protocol):
+    """What an attention layer needs from a cache."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        """Store k, v [B, T, Hkv, D] for `layer` after what is cached, attend q over all of it causally."""
+        ...
 
 
 class OutOfBlocks(RuntimeError):

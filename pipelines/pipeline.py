@@ -1,13 +1,14 @@
 """Pipeline: the stage graph of one model, driven by one engine thread, with an asyncio-friendly API.
 
     pipeline = Pipeline(program); pipeline.start()
+    pipeline.spec                                      # what the model declares (rates, voices, abilities)
     async for event in pipeline.submit(turn): ...      # TextDelta / AudioChunk / TurnDone | TurnError
     pipeline.abort(turn_id); pipeline.end_session(session_id); pipeline.close()
 
 The engine thread owns every model, cache and work item; other threads only queue commands, so the
 asyncio loop hosting the gateway never blocks on a model step. Each engine iteration runs one batch of
 each stage in pipeline order, so a turn's data can pass through every stage within one iteration: the
-first frame of a reply reaches Code2Wav in the same iteration that the talker made it.
+first audio frame of a reply can be decoded in the same iteration that made it.
 """
 
 from __future__ import annotations
@@ -19,40 +20,16 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
+from .program import Emit, Program
+from .spec import ModelSpec
 from .stage import Stage
 from .types import Event, Turn, TurnDone, TurnError
 
 log = logging.getLogger(__name__)
-
-Emit = Callable[[Event], None]
 T = TypeVar("T")
-
-
-class Program(Protocol):
-    """A model's side of the pipeline: its stages and how a turn moves through them."""
-
-    stages: list[Stage]  # in pipeline order
-
-    def start_turn(self, turn: Turn, emit: Emit) -> None: ...
-
-    def abort_turn(self, turn_id: str) -> None: ...
-
-    def end_session(self, session_id: str) -> None: ...
-
-    def capacity(self) -> dict[str, int]:
-        """What the caches hold: tokens per cache and `sessions`, conversations of a typical length at once
-        (fixed at start: safe to read from any thread)."""
-        ...
-
-    def counters(self) -> dict:
-        """Plain numbers (turns started/ended, KV blocks and live works per stage) for tests and /metrics."""
-        ...
-
-    def truncate_reply(self, session_id: str, turn_id: str, audio_end_ms: int) -> tuple[str, bool]:
-        """Cut a reply to its first `audio_end_ms` of audio: (heard text, whether the cache rolled back)."""
-        ...
+__all__ = ["Emit", "Pipeline", "Program"]
 
 
 class Pipeline:
@@ -63,6 +40,14 @@ class Pipeline:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.program.spec
+
+    @property
+    def stages(self) -> list[Stage]:
+        return self.program.stages
 
     def start(self) -> Pipeline:
         if self._thread is None:
@@ -150,6 +135,19 @@ class Pipeline:
     def stats(self, timeout_s: float = 30.0) -> dict:
         """The program's counters, read on the engine thread between steps."""
         return self.request(self.program.counters).result(timeout_s)
+
+    def capacity(self) -> dict[str, int]:
+        """Tokens per KV cache and conversations of a typical length at once (fixed at start)."""
+        return self.program.capacity()
+
+    def kv_check(self, timeout_s: float = 30.0) -> dict[str, int]:
+        """Every KV cache's integrity check, on the engine thread; blocks in use per stage."""
+        return self.request(self.program.kv_check).result(timeout_s)
+
+    def truncate_reply(self, session_id: str, turn_id: str, audio_end_ms: int) -> concurrent.futures.Future:
+        """Cut a reply back to what was heard (its first `audio_end_ms` of audio), on the engine thread:
+        a Future of (heard text, whether the session's cache rolled back to it)."""
+        return self.request(lambda: self.program.truncate_reply(session_id, turn_id, audio_end_ms))
 
     def abort(self, turn_id: str) -> None:
         self.call(lambda: self.program.abort_turn(turn_id))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -28,7 +29,8 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class Message:
-    """One new message of a conversation. `audio`: mono float32 PCM at 16 kHz, user messages only.
+    """One new message of a conversation. `audio`: mono float32 PCM at the model's input rate
+    (`ModelSpec.input_rate`), user messages only.
     A "tool" message carries a function's output as `text`; an assistant message may carry the tool
     calls it made (history re-sent after a reset)."""
 
@@ -39,19 +41,25 @@ class Message:
 
     def __post_init__(self) -> None:
         if self.audio is not None and (self.role != "user" or self.audio.dim() != 1):
-            raise ValueError("audio must be a 1-D 16 kHz waveform on a user message")
+            raise ValueError("audio must be a 1-D waveform on a user message")
         if self.tool_calls and self.role != "assistant":
             raise ValueError("only assistant messages carry tool calls")
 
 
 @dataclass(frozen=True)
 class GenerationOptions:
-    """Per-turn settings. Sampling defaults are the reference's (talker top-k 50, temperature 0.9,
-    repetition penalty 1.05; code predictor top-k 50, top-p 0.8); `greedy` makes every stage argmax
-    (the talker keeps its repetition penalty and suppressed ids, as the reference does)."""
+    """Per-turn settings. `voice`, `language`: one the model declares ("" for its default / auto);
+    `instructions`: a speaking style, for models that take one; `reference_audio` (mono, at the model's
+    input rate) and `reference_text`: a voice to clone, for models that can. `sampling` overrides the
+    model's defaults (`ModelSpec.sampling`) per stage name; `greedy` makes every stage argmax (a model
+    may keep what its reference keeps under greedy, such as a repetition penalty)."""
 
     audio: bool = True
-    speaker: str = "ethan"
+    voice: str = ""
+    language: str = ""
+    instructions: str = ""
+    reference_audio: torch.Tensor | None = None
+    reference_text: str = ""
     greedy: bool = False
     max_text_tokens: int = 512
     max_frames: int = 1500
@@ -60,13 +68,16 @@ class GenerationOptions:
     background: bool = False  # runs after every foreground turn's work (e.g. input transcription)
     tools: tuple[dict, ...] = ()  # function tools, OpenAI form {"type": "function", "name", "parameters", ...}
     tool_choice: str | dict = "auto"
-    thinker: SamplingParams | None = None  # None: the checkpoint's generation_config (greedy if none)
-    talker: SamplingParams = SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.05)
-    predictor: SamplingParams = SamplingParams(top_k=50, top_p=0.8)
+    sampling: Mapping[str, SamplingParams] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_text_tokens < 1 or self.max_frames < 1:
             raise ValueError("max_text_tokens and max_frames must be >= 1")
+        if self.reference_audio is not None and self.reference_audio.dim() != 1:
+            raise ValueError("reference_audio must be a 1-D waveform")
+
+    def sampling_for(self, stage: str, default: SamplingParams | None) -> SamplingParams | None:
+        return self.sampling.get(stage, default)
 
 
 @dataclass
@@ -89,11 +100,12 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class AudioChunk:
-    """24 kHz mono float32 samples in [-1, 1], final (never revised)."""
+    """Mono float32 samples in [-1, 1] at `rate` Hz, final (never revised)."""
 
     turn_id: str
     pcm: np.ndarray
     frames: int  # codec frames decoded so far
+    rate: int
 
 
 @dataclass(frozen=True)

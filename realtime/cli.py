@@ -148,7 +148,7 @@ def generate(args: argparse.Namespace) -> int:
         raise UsageError("give --audio, --text or both")
     messages.append(Message("user", args.text, audio))
     opts = GenerationOptions(
-        audio=not args.no_audio, speaker=args.speaker, greedy=args.greedy, seed=args.seed,
+        audio=not args.no_audio, voice=args.speaker, greedy=args.greedy, seed=args.seed,
         max_text_tokens=args.max_text_tokens, max_frames=args.max_frames,
     )
     with build(args) as pipeline:

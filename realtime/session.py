@@ -341,7 +341,7 @@ class RealtimeSession:
         limit = cfg["max_output_tokens"]
         modality = cfg["output_modalities"][0]
         opts = GenerationOptions(
-            audio=modality == "audio", speaker=speaker_for(cfg["audio"]["output"]["voice"]),
+            audio=modality == "audio", voice=speaker_for(cfg["audio"]["output"]["voice"]),
             max_text_tokens=self.limits.max_text_tokens if limit == "inf" else limit,
             max_frames=self.limits.max_frames if limit == "inf" else min(limit, self.limits.max_frames),
             tools=tuple(cfg["tools"]) if cfg["tool_choice"] != "none" else (),

@@ -134,7 +134,7 @@ def test_consumer_that_stops_reading_aborts_the_turn(pipeline):
 def test_bad_input_gives_errors_and_the_pipeline_keeps_working(pipeline):
     bad = [
         Turn("e1", [], OPTS),
-        Turn("e2", [Message("user", "hi")], GenerationOptions(speaker="nobody")),
+        Turn("e2", [Message("user", "hi")], GenerationOptions(voice="nobody")),
         Turn("e3", [Message("user", "", torch.zeros(100))], OPTS),  # shorter than one STFT window
     ]
     for t in bad:

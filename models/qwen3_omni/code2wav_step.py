@@ -87,4 +87,4 @@ class Code2WavStep:
         pcm = out["pcm"].float().cpu().numpy()
         for i, w in enumerate(group):
             w.pushed += 1
-            w.turn.on_audio(AudioChunk(w.turn.turn_id, pcm[i], w.pushed))
+            w.turn.on_audio(AudioChunk(w.turn.turn_id, pcm[i], w.pushed, w.turn.rate))

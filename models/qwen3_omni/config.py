@@ -280,9 +280,11 @@ class ThinkerConfig:
 
 @dataclass(frozen=True)
 class OmniConfig:
+    """`talker` and `code2wav` are None for a checkpoint without them (Thinking, Captioner): text out."""
+
     thinker: ThinkerConfig
-    talker: TalkerConfig
-    code2wav: Code2WavConfig
+    talker: TalkerConfig | None
+    code2wav: Code2WavConfig | None
     im_start_token_id: int
     im_end_token_id: int
     system_token_id: int
@@ -294,6 +296,10 @@ class OmniConfig:
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if (self.talker is None) != (self.code2wav is None):
+            raise ConfigError("config.json: talker_config and code2wav_config come together (or neither)")
+        if self.talker is None:
+            return
         if self.talker.thinker_hidden_size != self.thinker.text.hidden_size:
             raise ConfigError("talker_config.thinker_hidden_size differs from the thinker's hidden_size")
         if not 0 <= self.talker.accept_hidden_layer <= self.thinker.text.num_hidden_layers:
@@ -301,29 +307,45 @@ class OmniConfig:
 
     @classmethod
     def from_hf(cls, d: dict) -> OmniConfig:
+        if "quantization_config" in d:
+            q = d["quantization_config"]
+            method = q.get("quant_method", "unknown") if isinstance(q, dict) else "unknown"
+            raise ConfigError(f"config.json: '{method}' quantization is not supported yet; use the bf16 checkpoint")
         g = lambda k: _get(d, k, "config.json")  # noqa: E731
+        speaks = "talker_config" in d
+        tts = lambda k, default: g(k) if speaks else d.get(k, default)  # noqa: E731
         return cls(
             thinker=ThinkerConfig.from_hf(g("thinker_config")),
-            talker=TalkerConfig.from_hf(g("talker_config")),
-            code2wav=Code2WavConfig.from_hf(g("code2wav_config")),
+            talker=TalkerConfig.from_hf(g("talker_config")) if speaks else None,
+            code2wav=Code2WavConfig.from_hf(g("code2wav_config")) if speaks else None,
             im_start_token_id=g("im_start_token_id"),
             im_end_token_id=g("im_end_token_id"),
             system_token_id=g("system_token_id"),
             user_token_id=g("user_token_id"),
             assistant_token_id=g("assistant_token_id"),
-            tts_pad_token_id=g("tts_pad_token_id"),
-            tts_bos_token_id=g("tts_bos_token_id"),
-            tts_eos_token_id=g("tts_eos_token_id"),
+            tts_pad_token_id=tts("tts_pad_token_id", 151671),
+            tts_bos_token_id=tts("tts_bos_token_id", 151672),
+            tts_eos_token_id=tts("tts_eos_token_id", 151673),
             raw=d,
         )
 
     @classmethod
     def from_file(cls, path: str | Path) -> OmniConfig:
-        path = Path(path)
-        if path.is_dir():
-            path = path / "config.json"
-        try:
-            d = json.loads(path.read_text())
-        except FileNotFoundError as e:
-            raise ConfigError(f"no config.json at {path}") from e
-        return cls.from_hf(d)
+        return cls.from_hf(read_config(path))
+
+
+def read_config(path: str | Path) -> dict:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as e:
+        raise ConfigError(f"no config.json at {path}") from e
+
+
+def has_talker(model: str | Path) -> bool:
+    """Whether `model` ('tiny', 'tiny-thinker' or a checkpoint directory) speaks."""
+    if str(model).startswith("tiny"):
+        return str(model) != "tiny-thinker"
+    return "talker_config" in read_config(model)

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipelines.types import AudioChunk, Event, GenerationOptions, TextDelta, TurnDone, TurnError, Usage
+from pipelines.types import AudioChunk, Event, TextDelta, TurnDone, TurnError, Usage
 
+from .spec import TurnSettings
 from .talker_prompt import TtsEmbeds
 from .tokenizer import StreamDecoder
 from .tools import parse_tool_calls
@@ -82,11 +83,12 @@ class Session:
 class TurnState:
     turn_id: str
     session: Session
-    options: GenerationOptions
+    options: TurnSettings
     emit_event: Callable[[Event], None]
     decoder: StreamDecoder
     im_end: int
-    tts: TtsEmbeds
+    tts: TtsEmbeds | None  # None: the model does not speak
+    rate: int  # output audio samples per second
     on_close: Callable[[], None] = lambda: None
     prompt_ids: list[int] = field(default_factory=list)  # this turn's new thinker inputs
     cached_tokens: int = 0
@@ -124,7 +126,7 @@ class TurnState:
         now = time.perf_counter()
         if self.t_first_audio is None:
             return self.t_start - now
-        return self.audio_samples / 24000 - (now - self.t_first_audio)
+        return self.audio_samples / self.rate - (now - self.t_first_audio)
 
     def on_prompt_embeds(self, embeds: torch.Tensor) -> None:
         """This turn's new thinker inputs are embedded: they join the session, ready to prefill."""
@@ -197,7 +199,7 @@ class TurnState:
         if self.finished:
             return
         now = time.perf_counter()
-        seconds = self.audio_samples / 24000
+        seconds = self.audio_samples / self.rate if self.rate else 0.0
         timings = {"total_ms": (now - self.t_start) * 1e3}
         if self.t_first_text is not None:
             timings["first_text_ms"] = (self.t_first_text - self.t_start) * 1e3

@@ -1,6 +1,8 @@
-"""The whole Qwen3-Omni: thinker (audio encoder + MoE LLM), talker (+ code predictor), Code2Wav.
+"""The whole Qwen3-Omni: thinker (audio encoder + MoE LLM), talker (+ code predictor), Code2Wav; a
+checkpoint without a talker (Thinking, Captioner) is the thinker alone (`talker`, `code2wav` None).
 
-`load_model("tiny")` builds the built-in tiny preset with seeded random weights (no files);
+`load_model("tiny")` builds the built-in tiny preset with seeded random weights (no files; "tiny-thinker"
+is the same without a talker);
 `load_model(DIR)` builds on the meta device and streams the checkpoint's safetensors in one pass.
 """
 
@@ -17,7 +19,7 @@ from .code2wav import Code2Wav
 from .config import OmniConfig
 from .talker import Talker
 from .thinker import Thinker
-from .tiny import random_weights_, tiny_config
+from .tiny import PRESETS, random_weights_
 from .weights import load_weights
 
 log = logging.getLogger(__name__)
@@ -28,8 +30,8 @@ class Qwen3Omni(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.thinker = Thinker(cfg.thinker)
-        self.talker = Talker(cfg.talker)
-        self.code2wav = Code2Wav(cfg.code2wav)
+        self.talker = Talker(cfg.talker) if cfg.talker is not None else None
+        self.code2wav = Code2Wav(cfg.code2wav) if cfg.code2wav is not None else None
 
 
 def load_model(
@@ -37,8 +39,8 @@ def load_model(
 ) -> Qwen3Omni:
     """`model` is 'tiny' or a checkpoint directory (config.json + safetensors)."""
     start = time.perf_counter()
-    if str(model) == "tiny":
-        cfg = OmniConfig.from_hf(tiny_config("a"))
+    if str(model) in PRESETS:
+        cfg = OmniConfig.from_hf(PRESETS[str(model)]())
         net = Qwen3Omni(cfg)
         random_weights_(net, seed)
         net = net.to(device=device, dtype=dtype)

@@ -6,22 +6,20 @@ caches sized from the memory left after the weights; on CPU float32, eager, fixe
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from pipelines.kv_cache import KVLayout
-from pipelines.sampling import SamplingParams
 from pipelines.stage import StageConfig
 
-from .config import ConfigError
+from .config import ConfigError, has_talker
 from .model import Qwen3Omni
 
 log = logging.getLogger(__name__)
 STAGE_NAMES = ("audio_encoder", "thinker", "talker", "code2wav")  # pipeline order, also the run order
+TEXT_STAGES = STAGE_NAMES[:2]  # a checkpoint without a talker
 
 
 def default_stages(device: str, graphs: bool = False) -> tuple[StageConfig, ...]:
@@ -37,23 +35,29 @@ def default_stages(device: str, graphs: bool = False) -> tuple[StageConfig, ...]
 class PipelineConfig:
     """`model`: 'tiny' or a checkpoint directory. Each stage names its device and capacity.
     `kv_memory_gib`: on CUDA, size the thinker and talker caches to this much memory instead of their
-    `kv_blocks` (`on()` sets it from the memory left after the weights)."""
+    `kv_blocks` (`on()` sets it from the memory left after the weights). `speaks`: the checkpoint has a
+    talker (and Code2Wav); without one, only the encoder and thinker stages run."""
 
     model: str = "tiny"
     device: str = "cpu"
     dtype: str = "float32"
     stages: tuple[StageConfig, ...] = field(default_factory=lambda: default_stages("cpu"))
     kv_memory_gib: float | None = None
+    speaks: bool = True
 
     def __post_init__(self) -> None:
-        names = sorted(s.name for s in self.stages)
-        if names != sorted(STAGE_NAMES):
-            raise ValueError(f"Qwen3-Omni needs stages {STAGE_NAMES}, got {names}")
+        names = {s.name for s in self.stages}
+        if not set(self.stage_names) <= names or not names <= set(STAGE_NAMES):
+            raise ValueError(f"Qwen3-Omni needs stages {self.stage_names}, got {sorted(names)}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, not {self.dtype}")
         devices = {s.device for s in self.stages}
         if len(devices) > 1:
             raise ValueError(f"all stages must share one device for now (in-memory hand-over), got {devices}")
+
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        return STAGE_NAMES if self.speaks else TEXT_STAGES
 
     def stage(self, name: str) -> StageConfig:
         return next(s for s in self.stages if s.name == name)
@@ -70,10 +74,10 @@ class PipelineConfig:
         )
         if cuda and kv_memory_gib is None and not any("kv_blocks" in o for o in stage_overrides.values()):
             kv_memory_gib = -1.0  # auto: from free memory once the weights are loaded
-        return cls(model, device, dtype or ("bfloat16" if cuda else "float32"), stages, kv_memory_gib)
+        dtype = dtype or ("bfloat16" if cuda else "float32")
+        return cls(model, device, dtype, stages, kv_memory_gib, has_talker(model))
 
 
-TYPICAL_SESSION_TOKENS = 2048  # a few turns of speech: what /health's session capacity counts in
 KV_HEADROOM_GIB = 10.0  # left free for CUDA graphs, activations and Code2Wav stream state
 TALKER_TOKEN_SHARE = 0.25  # talker cache tokens per thinker cache token, when sized from memory
 
@@ -81,7 +85,9 @@ TALKER_TOKEN_SHARE = 0.25  # talker cache tokens per thinker cache token, when s
 def kv_layouts(model: Qwen3Omni, cfg: PipelineConfig) -> dict[str, KVLayout]:
     """The thinker's and talker's cache layouts: the stages' `kv_blocks`, or with `kv_memory_gib`, blocks
     that fill that much memory (negative: what is free on the device less KV_HEADROOM_GIB)."""
-    texts = {"thinker": model.cfg.thinker.text, "talker": model.cfg.talker.text}
+    texts = {"thinker": model.cfg.thinker.text}
+    if model.cfg.talker is not None:
+        texts["talker"] = model.cfg.talker.text
     itemsize = torch.empty((), dtype=getattr(torch, cfg.dtype)).element_size()
     per_token = {n: 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * itemsize for n, t in texts.items()}
     blocks = {n: cfg.stage(n).kv_blocks for n in texts}
@@ -89,29 +95,16 @@ def kv_layouts(model: Qwen3Omni, cfg: PipelineConfig) -> dict[str, KVLayout]:
         gib = cfg.kv_memory_gib
         if gib < 0:
             gib = torch.cuda.mem_get_info(torch.device(cfg.device))[0] / 2**30 - KV_HEADROOM_GIB
-        thinker_tokens = gib * 2**30 / (per_token["thinker"] + TALKER_TOKEN_SHARE * per_token["talker"])
+        share = {n: 1.0 if n == "thinker" else TALKER_TOKEN_SHARE for n in texts}
+        thinker_tokens = gib * 2**30 / sum(share[n] * per_token[n] for n in texts)
         if thinker_tokens < 4096:
             raise ConfigError(f"{gib:.1f} GiB leaves no room for a KV cache of useful size")
-        for name, tokens in (("thinker", thinker_tokens), ("talker", thinker_tokens * TALKER_TOKEN_SHARE)):
-            blocks[name] = int(tokens) // cfg.stage(name).block_size
-        log.info("KV cache: %.1f GiB, thinker %d tokens, talker %d tokens", gib,
-                 blocks["thinker"] * cfg.stage("thinker").block_size, blocks["talker"] * cfg.stage("talker").block_size)
+        for name in texts:
+            blocks[name] = int(thinker_tokens * share[name]) // cfg.stage(name).block_size
+        log.info("KV cache: %.1f GiB, %s", gib,
+                 ", ".join(f"{n} {blocks[n] * cfg.stage(n).block_size} tokens" for n in texts))
     return {
         n: KVLayout(t.num_hidden_layers, t.num_key_value_heads, t.head_dim, blocks[n], cfg.stage(n).block_size,
                     getattr(torch, cfg.dtype), cfg.device)
         for n, t in texts.items()
     }
-
-
-def checkpoint_sampling(model: str) -> SamplingParams | None:
-    """The thinker's sampling from the checkpoint's generation_config.json; None (greedy) without one."""
-    path = Path(model) / "generation_config.json"
-    if model == "tiny" or not path.exists():
-        return None
-    g = json.loads(path.read_text())
-    if not g.get("do_sample"):
-        return None
-    return SamplingParams(
-        temperature=float(g.get("temperature", 1.0)), top_k=int(g.get("top_k", 0) or 0),
-        top_p=float(g.get("top_p", 1.0)), repetition_penalty=float(g.get("repetition_penalty", 1.0)),
-    )

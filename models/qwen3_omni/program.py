@@ -3,29 +3,30 @@
 A turn's messages are rendered with the chat template (continuing the session's cached conversation),
 its audio turned into log-mel features, and one Work per stage is registered. The stages then move it
 along: encoder -> thinker (prefill of the new tokens only, then decode) -> talker (from the thinker's
-first reply token) -> Code2Wav (audio of each frame as soon as it is final).
+first reply token) -> Code2Wav (audio of each frame as soon as it is final). A checkpoint without a
+talker (Thinking, Captioner) runs the first two and replies in text.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 
 import torch
 
 from pipelines.kv_cache import PagedKVCache
 from pipelines.pipeline import Emit, Pipeline
+from pipelines.program import ContextTooLong, StagedProgram
 from pipelines.stage import Stage
-from pipelines.types import Event, Message, Turn, TurnDone, TurnError
+from pipelines.types import Message, Turn
 
 from . import chat
 from .audio_features import audio_token_count, log_mel
 from .code2wav_step import Code2WavStep, Code2WavWork
-from .config import ConfigError
 from .conversation import Session, TurnState
 from .model import Qwen3Omni, load_model
-from .placement import STAGE_NAMES, TYPICAL_SESSION_TOKENS, PipelineConfig, checkpoint_sampling, kv_layouts
+from .placement import PipelineConfig, kv_layouts
+from .spec import INPUT_RATE, TurnSettings, omni_spec
 from .stages import EncoderStep, EncoderWork, TalkerWork, ThinkerWork, Work
 from .talker_step import TalkerStep
 from .thinker_step import ThinkerStep
@@ -37,79 +38,34 @@ MAX_POSITIONS = 65536  # the thinker's max_position_embeddings in the released c
 BYTES_PER_TOKEN = 4  # prompt text beyond 4 bytes per token of context is refused before tokenizing
 
 
-class ContextTooLong(ValueError):
-    pass
-
-
-class Qwen3OmniProgram:
+class Qwen3OmniProgram(StagedProgram):
     def __init__(self, model: Qwen3Omni, tokenizer: Tokenizer, cfg: PipelineConfig) -> None:
         self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
         self.device, self.dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
-        self.thinker_sampling = checkpoint_sampling(cfg.model)
         caches = {name: PagedKVCache(layout) for name, layout in kv_layouts(model, cfg).items()}
         sc = cfg.stage
         with torch.inference_mode():
             self.steps = {
                 "audio_encoder": EncoderStep(model, self.device, self.dtype),
                 "thinker": ThinkerStep(model, self.dtype, tokenizer.vocab_size, caches["thinker"], sc("thinker")),
-                "talker": TalkerStep(model, self.dtype, caches["talker"], sc("talker")),
-                "code2wav": Code2WavStep(model, self.device, self.dtype, graphs=sc("code2wav").graphs,
-                                         buckets=sc("code2wav").buckets),
             }
-        self.by_name: dict[str, Stage] = {n: Stage(sc(n), self.steps[n], caches.get(n)) for n in STAGE_NAMES}
-        self.stages = [self.by_name[n] for n in STAGE_NAMES]
-        self.sessions: dict[str, Session] = {}
-        self.turns: dict[str, tuple[TurnState, list[tuple[Stage, Work]]]] = {}
+            if model.talker is not None:
+                self.steps["talker"] = TalkerStep(model, self.dtype, caches["talker"], sc("talker"))
+                self.steps["code2wav"] = Code2WavStep(model, self.device, self.dtype, graphs=sc("code2wav").graphs,
+                                                      buckets=sc("code2wav").buckets)
+        names = cfg.stage_names
+        super().__init__(omni_spec(model.cfg, cfg.model), [Stage(sc(n), self.steps[n], caches.get(n)) for n in names],
+                         session_stage="thinker")
         thinker = caches["thinker"].layout
         # tokens one conversation can ever hold
         self.max_context = min(thinker.num_blocks * thinker.block_size, MAX_POSITIONS)
-        self.started = self.ended = 0
         self.capture_s = self.capture()
 
-    def capture(self) -> float:
-        """Capture every stage's fixed-shape steps (CUDA graphs on) in one shared pool; returns seconds."""
-        start, pool = time.perf_counter(), None
-        for stage in self.stages:
-            pool = stage.runner.capture(pool)
-        seconds = time.perf_counter() - start
-        if pool is not None:
-            log.info("CUDA graphs captured in %.1f s", seconds)
-        return seconds
+    def new_session(self, session_id: str) -> Session:
+        return Session(session_id)
 
-    def start_turn(self, turn: Turn, emit: Emit) -> None:
-        """Register a turn's works, or refuse it (TurnError) before any work exists. Every turn started
-        here ends with exactly one TurnDone or TurnError (`counters` counts both)."""
-        self.started += 1
-
-        def counted(event: Event) -> None:
-            if isinstance(event, TurnDone | TurnError):
-                self.ended += 1
-            emit(event)
-
-        session = self.sessions.get(turn.session_id) or Session(turn.session_id)
-        if session.turn is not None:
-            counted(TurnError(turn.turn_id, "session_busy", f"session {turn.session_id} already has an active turn"))
-            return
-        try:
-            with torch.inference_mode():
-                state, works = self._prepare(session, turn, counted)
-        except ContextTooLong as e:
-            return counted(TurnError(turn.turn_id, "context_too_long", str(e)))
-        except (ValueError, ConfigError) as e:
-            return counted(TurnError(turn.turn_id, "invalid_request", str(e)))
-        except Exception as e:  # a bug in preparing one turn fails that turn alone
-            log.exception("preparing turn %s failed", turn.turn_id)
-            return counted(TurnError(turn.turn_id, "internal_error", f"{type(e).__name__}: {e}"))
-        self.sessions[turn.session_id] = session
-        session.turn = state
-        self.turns[turn.turn_id] = (state, works)
-        state.on_close = lambda: self._close(turn.turn_id)
-        try:
-            for stage, work in works:
-                stage.add(work)
-        except Exception as e:
-            log.exception("registering turn %s failed", turn.turn_id)
-            state.fail("internal_error", f"{type(e).__name__}: {e}")
+    def extra_counters(self) -> dict:
+        return {"stream_slots": {n: self.steps[n].slots_in_use for n in ("talker", "code2wav") if n in self.steps}}
 
     def _check_input(self, session: Session, turn: Turn) -> None:
         """Refuse text that is not Unicode, or a prompt that cannot fit, in time bounded by the limit."""
@@ -134,14 +90,13 @@ class Qwen3OmniProgram:
             if m.audio is None:
                 continue
             if int(audio_token_count(m.audio.numel() // 160 + 1, window)) > self.max_context:
-                raise ContextTooLong(f"{m.audio.numel() / 16000:.0f} s of audio cannot fit in the context")
+                raise ContextTooLong(f"{m.audio.numel() / INPUT_RATE:.0f} s of audio cannot fit in the context")
             if not bool(torch.isfinite(m.audio).all()):
                 raise ValueError("audio holds NaN or infinite samples")
 
-    def _prepare(self, session: Session, turn: Turn, emit: Emit) -> tuple[TurnState, list[tuple[Stage, Work]]]:
+    def prepare(self, session: Session, turn: Turn, emit: Emit) -> tuple[TurnState, list[tuple[Stage, Work]]]:
         self._check_input(session, turn)
-        opts = turn.options
-        self.model.cfg.talker.speaker_id(opts.speaker)  # unknown speakers fail here, before any work
+        opts = TurnSettings.resolve(turn.options, self.spec)  # unknown voices fail here, before any work
         features, turns = [], []
         for m in turn.messages:
             tokens = 0
@@ -161,11 +116,10 @@ class Qwen3OmniProgram:
             prompt = chat.Prompt(tuple(closing)) + chat.render_continuation(self.tokenizer, merge_tool_results(turns))
         if (total := len(session.ids) + len(prompt)) >= self.max_context:
             raise ContextTooLong(f"{total} tokens leave no room to reply in a {self.max_context}-token context")
-        if opts.thinker is None and self.thinker_sampling is not None and not opts.greedy:
-            opts = type(opts)(**{**opts.__dict__, "thinker": self.thinker_sampling})
         state = TurnState(
             turn.turn_id, session, opts, emit, self.tokenizer.stream_decoder(skip_special=True), im_end,
-            self.steps["thinker"].tts, prompt_ids=list(prompt.ids), cached_tokens=len(session.ids),
+            self.steps["thinker"].tts, self.spec.output_rate, prompt_ids=list(prompt.ids),
+            cached_tokens=len(session.ids),
             audio_features=features, speaking=opts.audio, tool_call_id=self.tokenizer.special_ids["<tool_call>"],
             audio_token_id=self.model.cfg.thinker.audio_token_id,
         )
@@ -198,10 +152,11 @@ class Qwen3OmniProgram:
             raise KeyError(f"no reply {turn_id} in session {session_id}")
         if session.turn is not None and session.turn.turn_id == turn_id:
             session.turn.finish("cancelled")
-        c2w = self.model.cfg.code2wav
-        samples = audio_end_ms * 24
-        frames = 0 if samples <= 0 else -(-(samples + self.model.code2wav.holdback) // c2w.samples_per_frame)
         start, reply = session.replies[turn_id]
+        frames = len(reply)  # a text reply is kept whole
+        if self.model.code2wav is not None:
+            samples = audio_end_ms * self.spec.output_rate // 1000
+            frames = 0 if samples <= 0 else -(-(samples + self.model.code2wav.holdback) // self.spec.frame_samples)
         keep = max(0, min(len(reply), frames))
         text = self.tokenizer.decode(reply[:keep], skip_special=True)
         if start + len(reply) < len(session.ids) or session.turn is not None:
@@ -212,55 +167,15 @@ class Qwen3OmniProgram:
         kv.truncate(session.kv_key, min(kv.length(session.kv_key), start + keep))
         return text, True
 
-    def abort_turn(self, turn_id: str) -> None:
-        entry = self.turns.get(turn_id)
-        if entry is not None:
-            entry[0].finish("cancelled")
-
-    def end_session(self, session_id: str) -> None:
-        session = self.sessions.pop(session_id, None)
-        if session is None:
-            return
-        if session.turn is not None:
-            session.turn.finish("cancelled")
-        self.by_name["thinker"].kv.release(session.kv_key)
-
-    def _close(self, turn_id: str) -> None:
-        _, works = self.turns.pop(turn_id, (None, []))
-        for stage, work in works:
-            stage.remove(work)
-            with torch.inference_mode():  # its state rows are inference tensors
-                work.release()
-
-    def counters(self) -> dict:
-        """Turns started and ended (each ends once), live turns and sessions, KV blocks in use and live
-        works per stage: what tests check returns to zero, and what /metrics can show."""
-        return {
-            "turns_started": self.started, "turns_ended": self.ended, "turns_active": len(self.turns),
-            "sessions": len(self.sessions),
-            "kv_blocks": {s.name: s.kv.layout.num_blocks - s.kv.num_free for s in self.stages if s.kv is not None},
-            "works": {s.name: len(s.scheduler.works) for s in self.stages},
-            "stream_slots": {n: self.steps[n].slots_in_use for n in ("talker", "code2wav")},
-            "kv_capacity": self.capacity(),
-        }
-
-    def capacity(self, typical_tokens: int = TYPICAL_SESSION_TOKENS) -> dict[str, int]:
-        """Tokens each KV cache holds, and how many conversations of `typical_tokens` fit at once."""
-        tokens = {s.name: s.kv.layout.num_blocks * s.kv.layout.block_size for s in self.stages if s.kv is not None}
-        return {**{f"{n}_tokens": t for n, t in tokens.items()}, "sessions": tokens["thinker"] // typical_tokens}
-
-    def kv_check(self) -> dict[str, int]:
-        """Integrity check of every KV cache; returns blocks in use per stage."""
-        used = {}
-        for stage in self.stages:
-            if stage.kv is not None:
-                stage.kv.check()
-                used[stage.name] = stage.kv.layout.num_blocks - stage.kv.num_free
-        return used
-
 
 def build_pipeline(cfg: PipelineConfig, model: Qwen3Omni | None = None) -> Pipeline:
     """Load `cfg.model` (or use `model`, already on the device) and return its Pipeline, not started."""
     model = model or load_model(cfg.model, cfg.device, getattr(torch, cfg.dtype))
     tokenizer = Tokenizer.load(cfg.model)
     return Pipeline(Qwen3OmniProgram(model, tokenizer, cfg))
+
+
+def build(model: str, device: str = "cpu", dtype: str | None = None, graphs: bool | None = None,
+          kv_memory_gib: float | None = None, **stage_overrides: dict) -> Pipeline:
+    """The registry's entry point: `model` ('tiny', 'tiny-thinker' or a checkpoint) on `device`'s defaults."""
+    return build_pipeline(PipelineConfig.on(model, device, dtype, graphs, kv_memory_gib, **stage_overrides))

@@ -75,6 +75,18 @@ def tiny_config(variant: str = "a") -> dict:
     return c
 
 
+def thinker_only(config: dict) -> dict:
+    """The same config without a talker: the layout of the Thinking and Captioner checkpoints."""
+    c = copy.deepcopy(config)
+    for key in ("talker_config", "code2wav_config"):
+        c.pop(key, None)
+    c["enable_audio_output"] = False
+    return c
+
+
+PRESETS = {"tiny": lambda: tiny_config("a"), "tiny-thinker": lambda: thinker_only(tiny_config("a"))}
+
+
 def random_weights_(model: torch.nn.Module, seed: int = 0) -> None:
     """Seeded random weights of a healthy scale, every parameter touched (norms and scales near 1,
     biases and snake log-scales small, matrices ~ 1/sqrt(fan_in)). Works on ours and on transformers',

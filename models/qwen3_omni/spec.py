@@ -1,0 +1,94 @@
+"""What Qwen3-Omni declares to the runtime and the gateway, and a turn's settings resolved against it.
+
+Sampling defaults are the reference's: the talker top-k 50, temperature 0.9, repetition penalty 1.05;
+the code predictor top-k 50, top-p 0.8; the thinker greedy. A checkpoint's generation_config.json
+overrides them the way transformers' `generate` routes keys: `thinker_*` keys to the thinker, `talker_*`
+keys to the talker (plain keys belong to the wrapper's own config and reach neither).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from pipelines.sampling import SamplingParams
+from pipelines.spec import ModelSpec
+from pipelines.types import GenerationOptions
+
+from .config import OmniConfig
+
+INPUT_RATE = 16000  # the audio encoder's log-mel front end reads 16 kHz
+OUTPUT_RATE = 24000  # Code2Wav's samples per second
+GREEDY = SamplingParams(greedy=True)
+DEFAULTS = {
+    "thinker": GREEDY,
+    "talker": SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.05),
+    "predictor": SamplingParams(top_k=50, top_p=0.8),
+}
+
+
+def checkpoint_sampling(model: str, stage: str, default: SamplingParams) -> SamplingParams:
+    """`stage`'s sampling from the checkpoint's generation_config.json `{stage}_*` keys over `default`."""
+    path = Path(model) / "generation_config.json"
+    if not path.is_file():
+        return default
+    g = {k[len(stage) + 1:]: v for k, v in json.loads(path.read_text()).items() if k.startswith(f"{stage}_")}
+    if not g:
+        return default
+    sample = g.get("do_sample", not default.greedy)
+    return SamplingParams(
+        greedy=not sample, temperature=float(g.get("temperature", default.temperature)),
+        top_k=int(g.get("top_k", default.top_k) or 0), top_p=float(g.get("top_p", default.top_p)),
+        repetition_penalty=float(g.get("repetition_penalty", default.repetition_penalty)),
+    )
+
+
+def omni_spec(cfg: OmniConfig, model: str) -> ModelSpec:
+    speaks = cfg.talker is not None
+    sampling = {n: checkpoint_sampling(model, n, p) for n, p in DEFAULTS.items() if speaks or n == "thinker"}
+    voices = tuple(name for name, _ in cfg.talker.speakers) if speaks else ()
+    return ModelSpec(
+        name="qwen3-omni" if speaks else "qwen3-omni-thinker", family="qwen3_omni_moe", input_rate=INPUT_RATE,
+        output_rate=OUTPUT_RATE if speaks else 0,
+        frame_samples=cfg.code2wav.samples_per_frame if speaks else 0, voices=voices,
+        default_voice="ethan" if "ethan" in voices else (voices[0] if voices else ""),
+        instructions=True, text_out=True, transcribes=True, tools=True, sampling=sampling,
+        tiny="tiny" if speaks else "tiny-thinker",
+    )
+
+
+@dataclass(frozen=True)
+class TurnSettings:
+    """What the stages read of a turn: its options with every stage's sampling resolved (the request's,
+    else the model's defaults) and its voice resolved to a speaker. Greedy: argmax everywhere, the talker
+    keeping its repetition penalty (and suppressed ids) as the reference's greedy does."""
+
+    audio: bool
+    speaker: str
+    thinker: SamplingParams
+    talker: SamplingParams
+    predictor: SamplingParams
+    greedy: bool
+    max_text_tokens: int
+    max_frames: int
+    ignore_eos: bool
+    background: bool
+    tools: tuple[dict, ...]
+    tool_choice: str | dict
+
+    @classmethod
+    def resolve(cls, opts: GenerationOptions, spec: ModelSpec) -> TurnSettings:
+        if opts.audio and not spec.speaks:
+            raise ValueError("this model replies in text only: ask for text output (output_modalities ['text'])")
+        if opts.reference_audio is not None or opts.reference_text:
+            raise ValueError("this model cannot clone a voice from reference audio")
+        speaker = spec.voice(opts.voice) if spec.speaks else ""
+        get = {n: opts.sampling_for(n, spec.sampling.get(n, DEFAULTS[n])) for n in DEFAULTS}
+        if opts.greedy:
+            get = {"thinker": GREEDY, "predictor": GREEDY,
+                   "talker": SamplingParams(greedy=True, repetition_penalty=get["talker"].repetition_penalty)}
+        get = {n: replace(p, seed=opts.seed) if opts.seed and not p.seed else p for n, p in get.items()}
+        return cls(opts.audio, speaker, get["thinker"], get["talker"], get["predictor"], opts.greedy,
+                   opts.max_text_tokens, opts.max_frames, opts.ignore_eos, opts.background, opts.tools,
+                   opts.tool_choice)

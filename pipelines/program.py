@@ -1,0 +1,193 @@
+"""A model's side of the pipeline (`Program`), and the turn bookkeeping every model shares (`StagedProgram`).
+
+A model subclasses StagedProgram and writes what is its own: `new_session`, `prepare` (a turn's state
+and one Work per stage it passes through), `truncate_reply` and its extra counters. Starting, refusing,
+aborting and closing turns, ending sessions, counting, KV capacity and the integrity check live here once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from .spec import ModelSpec
+from .stage import Stage
+from .types import Event, Turn, TurnDone, TurnError
+
+log = logging.getLogger(__name__)
+Emit = Callable[[Event], None]
+TYPICAL_SESSION_TOKENS = 2048  # a few turns of speech: what the session capacity counts in
+
+
+class ContextTooLong(ValueError):
+    """A turn that cannot fit in the model's context (refused as `context_too_long`)."""
+
+
+class Program(Protocol):
+    """What the Pipeline drives: a model's stages and how a turn moves through them."""
+
+    spec: ModelSpec
+    stages: list[Stage]  # in pipeline order
+
+    def start_turn(self, turn: Turn, emit: Emit) -> None: ...
+
+    def abort_turn(self, turn_id: str) -> None: ...
+
+    def end_session(self, session_id: str) -> None: ...
+
+    def capacity(self) -> dict[str, int]:
+        """Tokens per cache and `sessions`, conversations of a typical length at once (fixed at start)."""
+        ...
+
+    def counters(self) -> dict:
+        """Plain numbers (turns started/ended, KV blocks and live works per stage) for tests and /metrics."""
+        ...
+
+    def kv_check(self) -> dict[str, int]:
+        """Check every KV cache's integrity; KV blocks in use per stage."""
+        ...
+
+    def truncate_reply(self, session_id: str, turn_id: str, audio_end_ms: int) -> tuple[str, bool]:
+        """Cut a reply to its first `audio_end_ms` of audio: (heard text, whether the cache rolled back)."""
+        ...
+
+
+class TurnHandle(Protocol):
+    """What the bookkeeping needs of a model's per-turn state."""
+
+    finished: bool
+    on_close: Callable[[], None]
+
+    def finish(self, status: str) -> None: ...
+
+    def fail(self, code: str, message: str) -> None: ...
+
+
+class SessionHandle(Protocol):
+    kv_key: str  # its conversation's sequence in the session stage's cache
+    turn: TurnHandle | None
+
+
+class StagedProgram:
+    """`session_stage`: the stage whose KV cache keeps each conversation between turns (capacity counts it)."""
+
+    def __init__(self, spec: ModelSpec, stages: list[Stage], session_stage: str) -> None:
+        self.spec = spec
+        self.stages = stages
+        self.by_name = {s.name: s for s in stages}
+        self.session_stage = session_stage
+        self.sessions: dict[str, SessionHandle] = {}
+        self.turns: dict[str, tuple[TurnHandle, list[tuple[Stage, object]]]] = {}
+        self.started = self.ended = 0
+
+    # what a model writes
+    def new_session(self, session_id: str) -> SessionHandle:
+        raise NotImplementedError
+
+    def prepare(self, session: SessionHandle, turn: Turn, emit: Emit) -> tuple[TurnHandle, list[tuple[Stage, object]]]:
+        """The turn's state and its works, or an exception: ContextTooLong, ValueError (the request's
+        fault), anything else (a bug: that turn alone fails). Nothing of the session may change before
+        the last thing that can fail."""
+        raise NotImplementedError
+
+    def extra_counters(self) -> dict:
+        return {}
+
+    def truncate_reply(self, session_id: str, turn_id: str, audio_end_ms: int) -> tuple[str, bool]:
+        raise NotImplementedError
+
+    # shared
+    def capture(self) -> float:
+        """Capture every stage's fixed-shape steps (CUDA graphs on) in one shared pool; returns seconds."""
+        start, pool = time.perf_counter(), None
+        for stage in self.stages:
+            pool = stage.runner.capture(pool)
+        seconds = time.perf_counter() - start
+        if pool is not None:
+            log.info("CUDA graphs captured in %.1f s", seconds)
+        return seconds
+
+    def start_turn(self, turn: Turn, emit: Emit) -> None:
+        """Register a turn's works, or refuse it (TurnError) before any work exists. Every turn started
+        here ends with exactly one TurnDone or TurnError (`counters` counts both)."""
+        self.started += 1
+
+        def counted(event: Event) -> None:
+            if isinstance(event, TurnDone | TurnError):
+                self.ended += 1
+            emit(event)
+
+        session = self.sessions.get(turn.session_id) or self.new_session(turn.session_id)
+        if session.turn is not None:
+            counted(TurnError(turn.turn_id, "session_busy", f"session {turn.session_id} already has an active turn"))
+            return
+        try:
+            with torch.inference_mode():
+                state, works = self.prepare(session, turn, counted)
+        except ContextTooLong as e:
+            return counted(TurnError(turn.turn_id, "context_too_long", str(e)))
+        except ValueError as e:
+            return counted(TurnError(turn.turn_id, "invalid_request", str(e)))
+        except Exception as e:  # a bug in preparing one turn fails that turn alone
+            log.exception("preparing turn %s failed", turn.turn_id)
+            return counted(TurnError(turn.turn_id, "internal_error", f"{type(e).__name__}: {e}"))
+        self.sessions[turn.session_id] = session
+        session.turn = state
+        self.turns[turn.turn_id] = (state, works)
+        state.on_close = lambda: self._close(turn.turn_id)
+        try:
+            for stage, work in works:
+                stage.add(work)
+        except Exception as e:
+            log.exception("registering turn %s failed", turn.turn_id)
+            state.fail("internal_error", f"{type(e).__name__}: {e}")
+
+    def abort_turn(self, turn_id: str) -> None:
+        entry = self.turns.get(turn_id)
+        if entry is not None:
+            entry[0].finish("cancelled")
+
+    def end_session(self, session_id: str) -> None:
+        session = self.sessions.pop(session_id, None)
+        if session is None:
+            return
+        if session.turn is not None:
+            session.turn.finish("cancelled")
+        self.by_name[self.session_stage].kv.release(session.kv_key)
+
+    def _close(self, turn_id: str) -> None:
+        _, works = self.turns.pop(turn_id, (None, []))
+        for stage, work in works:
+            stage.remove(work)
+            with torch.inference_mode():  # its state rows are inference tensors
+                work.release()
+
+    def counters(self) -> dict:
+        """Turns started and ended (each ends once), live turns and sessions, KV blocks in use and live
+        works per stage: what tests check returns to zero, and what /metrics can show."""
+        return {
+            "turns_started": self.started, "turns_ended": self.ended, "turns_active": len(self.turns),
+            "sessions": len(self.sessions),
+            "kv_blocks": {s.name: s.kv.layout.num_blocks - s.kv.num_free for s in self.stages if s.kv is not None},
+            "works": {s.name: len(s.scheduler.works) for s in self.stages},
+            **self.extra_counters(),
+            "kv_capacity": self.capacity(),
+        }
+
+    def capacity(self, typical_tokens: int = TYPICAL_SESSION_TOKENS) -> dict[str, int]:
+        """Tokens each KV cache holds, and how many conversations of `typical_tokens` fit at once."""
+        tokens = {s.name: s.kv.layout.num_blocks * s.kv.layout.block_size for s in self.stages if s.kv is not None}
+        sessions = tokens[self.session_stage] // typical_tokens
+        return {**{f"{n}_tokens": t for n, t in tokens.items()}, "sessions": sessions}
+
+    def kv_check(self) -> dict[str, int]:
+        used = {}
+        for stage in self.stages:
+            if stage.kv is not None:
+                stage.kv.check()
+                used[stage.name] = stage.kv.layout.num_blocks - stage.kv.num_free
+        return used
