@@ -24,7 +24,7 @@ URGENT_S = 0.25  # a stream with less audio buffered than this is served before 
 
 
 class Work(Protocol):
-    key: str  # KV sequence id (a session's conversation, or one turn's talker stream)
+    key: str  # KV sequence id (a session's conversation, or one turn's stream in a later stage)
     keep_kv: bool  # the cache outlives the work (a session's conversation between turns)
 
     def pending(self) -> int:

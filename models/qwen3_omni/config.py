@@ -343,9 +343,3 @@ def read_config(path: str | Path) -> dict:
     except FileNotFoundError as e:
         raise ConfigError(f"no config.json at {path}") from e
 
-
-def has_talker(model: str | Path) -> bool:
-    """Whether `model` ('tiny', 'tiny-thinker' or a checkpoint directory) speaks."""
-    if str(model).startswith("tiny"):
-        return str(model) != "tiny-thinker"
-    return "talker_config" in read_config(model)

@@ -14,7 +14,7 @@ import torch
 from pipelines.kv_cache import KVLayout
 from pipelines.stage import StageConfig
 
-from .config import ConfigError, has_talker
+from .config import ConfigError
 from .model import Qwen3Omni
 
 log = logging.getLogger(__name__)
@@ -35,29 +35,30 @@ def default_stages(device: str, graphs: bool = False) -> tuple[StageConfig, ...]
 class PipelineConfig:
     """`model`: 'tiny' or a checkpoint directory. Each stage names its device and capacity.
     `kv_memory_gib`: on CUDA, size the thinker and talker caches to this much memory instead of their
-    `kv_blocks` (`on()` sets it from the memory left after the weights). `speaks`: the checkpoint has a
-    talker (and Code2Wav); without one, only the encoder and thinker stages run."""
+    `kv_blocks` (`on()` sets it from the memory left after the weights). A checkpoint without a talker
+    runs only the encoder and thinker stages (`stage_names(False)`)."""
 
     model: str = "tiny"
     device: str = "cpu"
     dtype: str = "float32"
     stages: tuple[StageConfig, ...] = field(default_factory=lambda: default_stages("cpu"))
     kv_memory_gib: float | None = None
-    speaks: bool = True
 
     def __post_init__(self) -> None:
         names = {s.name for s in self.stages}
-        if not set(self.stage_names) <= names or not names <= set(STAGE_NAMES):
-            raise ValueError(f"Qwen3-Omni needs stages {self.stage_names}, got {sorted(names)}")
+        if not set(TEXT_STAGES) <= names or not names <= set(STAGE_NAMES):
+            raise ValueError(f"Qwen3-Omni needs stages {TEXT_STAGES} (and {STAGE_NAMES[2:]} to speak), "
+                             f"got {sorted(names)}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, not {self.dtype}")
         devices = {s.device for s in self.stages}
         if len(devices) > 1:
             raise ValueError(f"all stages must share one device for now (in-memory hand-over), got {devices}")
 
-    @property
-    def stage_names(self) -> tuple[str, ...]:
-        return STAGE_NAMES if self.speaks else TEXT_STAGES
+    def stage_names(self, speaks: bool) -> tuple[str, ...]:
+        if speaks and not set(STAGE_NAMES) <= {s.name for s in self.stages}:
+            raise ValueError(f"a model that speaks needs stages {STAGE_NAMES}")
+        return STAGE_NAMES if speaks else TEXT_STAGES
 
     def stage(self, name: str) -> StageConfig:
         return next(s for s in self.stages if s.name == name)
@@ -75,7 +76,7 @@ class PipelineConfig:
         if cuda and kv_memory_gib is None and not any("kv_blocks" in o for o in stage_overrides.values()):
             kv_memory_gib = -1.0  # auto: from free memory once the weights are loaded
         dtype = dtype or ("bfloat16" if cuda else "float32")
-        return cls(model, device, dtype, stages, kv_memory_gib, has_talker(model))
+        return cls(model, device, dtype, stages, kv_memory_gib)
 
 
 KV_HEADROOM_GIB = 10.0  # left free for CUDA graphs, activations and Code2Wav stream state
