@@ -2,7 +2,7 @@
 
 Streams of 1 to window + 8 frames share fewer slots than there are streams (closed slots are reused),
 skip ticks at random, and are batched in shuffled order with scratch padding rows in between. Each
-stream's concatenated samples must equal `Code2Wav.decode` of its frames and Code2WavStream's pushes:
+stream's concatenated samples must equal `Code2Wav.decode` of its frames and its eager pushes alone:
 to ~1e-12 in float64 (so the batching is exact, not merely close), to 1e-4 relative in float32.
 """
 
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from models.qwen3_omni.code2wav import Code2Wav
-from models.qwen3_omni.code2wav_batch import Code2WavSlots
-from models.qwen3_omni.code2wav_stream import Code2WavStream
-from models.qwen3_omni.config import Code2WavConfig, OmniConfig
+from models.common.code2wav import Code2Wav
+from models.common.code2wav_batch import Code2WavSlots
+from models.common.config import Code2WavConfig
+from models.qwen3_omni.config import OmniConfig
 from models.qwen3_omni.tiny import random_weights_, tiny_config
 
 EXACT = 1e-9
@@ -106,8 +106,10 @@ def run(dec: Code2WavSlots, streams: list[torch.Tensor], seed: int) -> Run:
 
 
 def one_by_one(model: Code2Wav, codes: torch.Tensor) -> torch.Tensor:
-    s = Code2WavStream(model, clamp=False)
-    return torch.cat([s.push(codes[..., f]) for f in range(codes.shape[-1])], dim=-1)[:, 0]
+    """The stream pushed frame by frame, alone in a decoder of its own (the eager path only)."""
+    dec = Code2WavSlots(model, 1, "cpu", model.code_embedding.weight.dtype, clamp=False)
+    slot = dec.open()
+    return torch.cat([dec.push(slot, codes[..., f]) for f in range(codes.shape[-1])], dim=-1)
 
 
 def test_interleaved_streams_equal_one_shot_float64(m):

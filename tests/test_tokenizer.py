@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from models.qwen3_omni.tokenizer import (
+from models.common.tokenizer import (
     FIRST_SPECIAL_ID,
     PRETOKENIZE_REGEX,
     SPECIAL_TOKENS,

@@ -7,9 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from models.common.weights import WeightError, map_name
 from models.qwen3_omni.model import load_model
 from models.qwen3_omni.tiny import FULL_CONFIG
-from models.qwen3_omni.weights import WeightError, map_name
 
 
 def copy_ckpt(src, dst, edit=None):

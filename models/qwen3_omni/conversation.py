@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from models.common.tokenizer import StreamDecoder
 from pipelines.types import AudioChunk, Event, GenerationOptions, TextDelta, TurnDone, TurnError, Usage
 
 from .talker_prompt import TtsEmbeds
-from .tokenizer import StreamDecoder
 from .tools import parse_tool_calls
 
 

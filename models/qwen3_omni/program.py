@@ -14,14 +14,15 @@ import time
 
 import torch
 
+from models.common import chat
+from models.common.code2wav_step import Code2WavStep, Code2WavWork
+from models.common.tokenizer import Tokenizer
 from pipelines.kv_cache import PagedKVCache
 from pipelines.pipeline import Emit, Pipeline
 from pipelines.stage import Stage
 from pipelines.types import Event, Message, Turn, TurnDone, TurnError
 
-from . import chat
 from .audio_features import audio_token_count, log_mel
-from .code2wav_step import Code2WavStep, Code2WavWork
 from .config import ConfigError
 from .conversation import Session, TurnState
 from .model import Qwen3Omni, load_model
@@ -29,7 +30,6 @@ from .placement import STAGE_NAMES, TYPICAL_SESSION_TOKENS, PipelineConfig, chec
 from .stages import EncoderStep, EncoderWork, TalkerWork, ThinkerWork, Work
 from .talker_step import TalkerStep
 from .thinker_step import ThinkerStep
-from .tokenizer import Tokenizer
 from .tools import assistant_text, merge_tool_results, tool_response_text, with_tools
 
 log = logging.getLogger(__name__)

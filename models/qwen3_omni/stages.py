@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from models.common.work import Work
 from pipelines.graphs import PrefillGraphs
 from pipelines.kv_cache import BatchKV, PagedKVCache
 from pipelines.sampling import SamplingParams
@@ -34,25 +35,6 @@ def pad_rows(rows: list[torch.Tensor], length: int | None = None) -> torch.Tenso
 def last_rows(hidden: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     idx = torch.tensor(lengths, device=hidden.device) - 1
     return hidden[torch.arange(hidden.shape[0], device=hidden.device), idx]
-
-
-class Work:
-    """Common part of a turn's work item in one stage."""
-
-    keep_kv = False
-
-    def __init__(self, turn: TurnState, key: str) -> None:
-        self.turn = turn
-        self.key = key
-
-    def urgency(self) -> float:
-        return self.turn.urgency()
-
-    def fail(self, code: str, message: str) -> None:
-        self.turn.fail(code, message)
-
-    def release(self) -> None:
-        """Give back what the work holds beyond its KV cache (called once its turn has ended)."""
 
 
 class EncoderWork(Work):

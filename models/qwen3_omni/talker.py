@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.qwen3_omni.code_predictor import CodePredictor, Sampler, greedy
-from models.qwen3_omni.config import ConfigError, TalkerConfig, TextConfig
-from models.qwen3_omni.layers import DecoderLayer, KVCache, MoE, RMSNorm, Rope, run_layers
+from models.common.code_predictor import CodePredictor, Sampler, greedy
+from models.common.config import ConfigError, TextConfig
+from models.common.layers import DecoderLayer, KVCache, MoE, RMSNorm, Rope, run_layers
+from models.qwen3_omni.config import TalkerConfig
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ Every conv is causal (stride 1, zero left padding of `context` samples). A decod
 kernel 2r and stride r, trimmed by r on each side, makes output block j from inputs j and j+1, and
 T inputs give T - 1 blocks: the block that would need input T is dropped, not guessed. That is the
 only look-ahead (`lookahead` = 1 input); through the four decoder blocks it adds up to `holdback`
-samples, so F frames decode to F * 1920 - 555 samples. code2wav_stream.py relies on `context` and
+samples, so F frames decode to F * 1920 - 555 samples. code2wav_batch.py relies on `context` and
 `lookahead` to decode incrementally with the same modules.
 """
 
@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.qwen3_omni.config import Code2WavConfig
-from models.qwen3_omni.layers import RMSNorm, Rope, SelfAttention, SwiGLU, attention
+from models.common.config import Code2WavConfig
+from models.common.layers import RMSNorm, Rope, SelfAttention, SwiGLU, attention
 
 
 class CausalConv(nn.Module):
