@@ -50,8 +50,10 @@ class ThinkerDecode:
         suppress = b["no_eos"][:, None] & self._eos(logits.shape[-1], logits.device)
         ids = static_sampler(b, "s")(logits, b["step"], suppress=suppress)
         embeds = thinker.embed(ids)
-        return {"ids": ids, "embeds": embeds, "projected": talker.project_text(embeds),
-                "bad": logits.isnan().any(dim=-1)}
+        out = {"ids": ids, "embeds": embeds, "bad": logits.isnan().any(dim=-1)}
+        if talker is not None:  # a thinker-only model has no talker to feed
+            out["projected"] = talker.project_text(embeds)
+        return out
 
     def _eos(self, vocab: int, device: torch.device) -> torch.Tensor:
         return torch.arange(vocab, device=device)[None, :] == self.model.cfg.im_end_token_id
@@ -109,10 +111,10 @@ def _last(hidden: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
 class ThinkerPrefill:
     """The prefill of S sequences (rows), T (bucket) tokens each: each one's next token as
     `ThinkerDecode` samples it, and `captured`, the hidden states entering `capture_layer` (the talker's
-    user rows)."""
+    user rows; none without a capture layer)."""
 
     decode: ThinkerDecode
-    capture_layer: int
+    capture_layer: int | None
 
     def inputs(self, dtype: torch.dtype, tokens: int, max_blocks: int) -> dict[str, Input]:
         h = self.decode.model.cfg.thinker.text.hidden_size
@@ -122,7 +124,8 @@ class ThinkerPrefill:
     def __call__(self, b: Tensors) -> Tensors:
         kv = PrefillKV(self.decode.cache, b)
         hidden, captured = self.decode.model.thinker(b["x"], kv.positions, kv, self.capture_layer)
-        return {"captured": captured, **self.decode.token(_last(hidden, b["last"]), b)}
+        out = self.decode.token(_last(hidden, b["last"]), b)
+        return out if captured is None else {"captured": captured, **out}
 
 
 @dataclass

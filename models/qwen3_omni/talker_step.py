@@ -1,5 +1,6 @@
-"""The talker stage: a turn's prompt prefill (any shapes, eager) and one whole codec frame per row per
-decode step (`forward.TalkerFrame`, fixed shapes: a CUDA graph per batch bucket when graphs are on).
+"""The talker stage: a turn's prompt prefill (`forward.TalkerPrefill`) and one whole codec frame per row
+per decode step (`forward.TalkerFrame`), the only compute paths: fixed shapes (a CUDA graph per batch
+bucket when graphs are on), or a prefill too long for them at its own shape, eagerly.
 
 Each talker stream holds a row (slot) of the stage's repetition-penalty state, `seen` [slots + 1, V]:
 the codebook-0 ids it has made, updated on the device by whichever path made the frame. The last row
@@ -10,17 +11,18 @@ from __future__ import annotations
 
 import torch
 
+from models.common.prefill import PrefillCall, Prefills, pad_rows
 from pipelines import kv_views
-from pipelines.graphs import GraphRunner, PrefillGraphs, Tensors
+from pipelines.graphs import GraphRunner, Tensors
 from pipelines.kv_cache import BatchKV, PagedKVCache
-from pipelines.sampling import Sampler, SamplingParams
+from pipelines.sampling import SamplingParams
 from pipelines.stage import StageConfig
 from pipelines.step_sampling import sampling_rows
 
 from .conversation import TurnState
 from .forward import TalkerFrame, TalkerPrefill
 from .model import Qwen3Omni
-from .stages import GREEDY, NAN_MESSAGE, TalkerWork, last_rows, nan_rows, pad_rows, run_prefills
+from .stages import GREEDY, NAN_MESSAGE, TalkerWork
 from .talker_prompt import assistant_prefix
 
 
@@ -46,8 +48,8 @@ class TalkerStep:
         self.graph = GraphRunner("talker", step, step.inputs(dtype, self.width, kv.scratch_slot, slots), self.device,
                                  sc.buckets, sc.graphs)
         prefill = TalkerPrefill(step)
-        self.prefill = PrefillGraphs("talker_prefill", prefill, lambda t, w: prefill.inputs(dtype, t, w, slots),
-                                     kv.layout.block_size, self.device, sc.graphs)
+        self.prefill = Prefills("talker_prefill", prefill, lambda t, w: prefill.inputs(dtype, t, w, slots), kv,
+                                self.device, sc.graphs)
 
     def capture(self, pool: object | None) -> object | None:
         return self.prefill.capture(self.graph.capture(pool))
@@ -96,51 +98,26 @@ class TalkerStep:
         return True
 
     def run(self, works: list[TalkerWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
-        """Streams that fit the fixed prefill shapes go through them, up to 8 per call; the rest eagerly."""
-        run_prefills(self.prefill, self.kv, works, lengths, kv, self._prefill, self._eager)
+        for call in self.prefill.calls(works, lengths):
+            self._prefill(call)
 
-    def _prefill(self, group: list[tuple[TalkerWork, int]], tokens: int, context: int) -> None:
-        ready = {id(w) for w in self._slots([w for w, _ in group])}
-        group = [(w, n) for w, n in group if id(w) in ready]  # the others failed alone (no stream slot)
+    def _prefill(self, call: PrefillCall) -> None:
+        ready = {id(w) for w in self._slots([w for w, _ in call.group])}
+        group = [(w, n) for w, n in call.group if id(w) in ready]  # the others failed alone (no stream slot)
         if not group:
             return
         works, opts = [w for w, _ in group], [w.turn.options for w, _ in group]
-        x = pad_rows([w.inputs.tail(self.kv.length(w.key))[:n] for w, n in group], tokens)
-        width = context // self.kv.layout.block_size
-        rows = kv_views.prefill_rows(self.kv, [(w.key, n) for w, n in group], tokens, width)
+        x = pad_rows([w.inputs.tail(self.kv.length(w.key))[:n] for w, n in group], call.tokens)
+        rows = kv_views.prefill_rows(self.kv, [(w.key, n) for w, n in group], call.tokens, call.blocks)
         rows |= {"x": x, "last": [n - 1 for _, n in group], "frame": [len(w.turn.codes) for w in works],
                  "slot": [w.slot for w in works], "no_eos": [o.ignore_eos for o in opts],
                  **sampling_rows("t", [greedy_talker(o.talker) if o.greedy else o.talker for o in opts]),
                  **sampling_rows("p", [GREEDY if o.greedy else o.predictor for o in opts])}
-        self._commit(works, self.prefill.runners[tokens, context](len(group), rows))
+        self._commit(works, call.runner(len(group), rows))
 
-    def _eager(self, works: list[TalkerWork], lengths: list[int], kv: BatchKV) -> None:
-        talker = self.model.talker
-        pasts = [w.kv.length(w.key) for w in works]
-        x = pad_rows([w.inputs.tail(p)[:n] for w, p, n in zip(works, pasts, lengths, strict=True)])
-        last = last_rows(talker(x, kv.positions, kv), lengths)
-        keep = {id(w) for w in self._slots(works)}
-        opts = [w.turn.options for w in works]
-        frames = torch.tensor([len(w.turn.codes) for w in works], device=self.device)
-        slots = torch.tensor([w.slot if id(w) in keep else self.seen.shape[0] - 1 for w in works], device=self.device)
-        talker_params = [greedy_talker(o.talker) if o.greedy else o.talker for o in opts]
-        suppress = self.suppress
-        if any(o.ignore_eos for o in opts):
-            suppress = suppress.expand(len(works), -1).clone()
-            suppress[torch.tensor([o.ignore_eos for o in opts], device=self.device), self.eos] = True
-        logits = talker.codec_logits(last)
-        code0 = Sampler.of(talker_params, self.device)(logits, frames, self.seen[slots], suppress)
-        self.seen[slots, code0] = True
-        predictor = Sampler.of([GREEDY if o.greedy else o.predictor for o in opts], self.device)
-        frame = talker.next_frame(last, code0, lambda logits, step: predictor(logits, frames * 16 + step))
-        out = {"codes": frame.codes, "embed_sum": frame.embed_sum, "bad": nan_rows(logits)}
-        self._commit(works, out, keep)
-
-    def _commit(self, works: list[TalkerWork], out: Tensors, keep: set[int] | None = None) -> None:
+    def _commit(self, works: list[TalkerWork], out: Tensors) -> None:
         rows = torch.cat((out["codes"], out["bad"][:, None].to(out["codes"].dtype)), dim=1).tolist()  # one sync
         for i, (w, (*codes, bad)) in enumerate(zip(works, rows, strict=True)):
-            if keep is not None and id(w) not in keep:
-                continue
             if bad:
                 w.fail("internal_error", f"talker: {NAN_MESSAGE}")
                 continue
