@@ -18,6 +18,7 @@ import torch
 
 from pipelines.graphs import GraphRunner, Input, PrefillGraphs, Tensors
 from pipelines.kv_cache import PagedKVCache
+from pipelines.kv_views import prefill_inputs
 
 
 def pad_rows(rows: list[torch.Tensor], length: int) -> torch.Tensor:
@@ -69,3 +70,15 @@ class Prefills:
             runner = GraphRunner(f"{self.name}[eager]", self.step, self.inputs(tokens, blocks), self.device,
                                  (len(rest),), graphs=False)
             yield PrefillCall(rest, runner, tokens, blocks)
+
+
+def prefill_step_inputs(hidden: int, dtype: torch.dtype, tokens: int, blocks: int,
+                        cache: PagedKVCache) -> dict[str, Input]:
+    """A prefill step's inputs per sequence (row): its new tokens and what it samples from its last one."""
+    return {"x": Input((tokens, hidden), dtype), **prefill_inputs(tokens, blocks, cache),
+            "last": Input((), torch.long, 0), "no_eos": Input((), torch.bool, False)}
+
+
+def last_hidden(hidden: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """[S, T, H] -> [S, H]: each row's hidden state at its last real token (`last` [S])."""
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from pipelines.sampling import SamplingParams
+
+GREEDY = SamplingParams(greedy=True)
+NAN_MESSAGE = "the model's output is not a number"  # a row whose logits hold a NaN: its turn ends alone
+
 
 class Turn(Protocol):
     def urgency(self) -> float: ...

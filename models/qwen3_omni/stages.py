@@ -14,12 +14,9 @@ import torch
 
 from models.common.work import Work
 from pipelines.kv_cache import BatchKV, PagedKVCache
-from pipelines.sampling import SamplingParams
 
 from .conversation import Rows, TurnState
 from .model import Qwen3Omni
-
-GREEDY = SamplingParams(greedy=True)
 
 
 class EncoderWork(Work):
@@ -110,5 +107,3 @@ class EncoderStep:
         w.done = True
         w.turn.on_prompt_embeds(self.model.thinker.embed_prompt(ids, audio)[0])
 
-
-NAN_MESSAGE = "the model's output is not a number"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from models.common.prefill import PrefillCall, Prefills, pad_rows
+from models.common.work import GREEDY, NAN_MESSAGE
 from pipelines import kv_views
 from pipelines.graphs import GraphRunner, Tensors
 from pipelines.kv_cache import BatchKV, PagedKVCache
@@ -20,7 +21,7 @@ from pipelines.step_sampling import sampling_rows
 
 from .forward import ThinkerDecode, ThinkerPrefill
 from .model import Qwen3Omni
-from .stages import GREEDY, NAN_MESSAGE, ThinkerWork
+from .stages import ThinkerWork
 from .talker_prompt import TtsEmbeds, tts_embeds, tts_token_ids, user_mask
 
 
