@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from torch import nn
 
 from models.common.code2wav import Code2Wav
 from models.common.code2wav_batch import Code2WavSlots
@@ -212,3 +213,34 @@ def test_bfloat16_smoke(m):
     got = torch.cat(r.outs[0], dim=-1).float()
     assert got.shape == one.shape and got.isfinite().all()
     assert (got - one).abs().max() <= 0.05 * one.abs().max()
+
+
+class SplitEmbedding(nn.Module):
+    """Another codec's code embedding through Code2Wav's hook: codebook 0 and the rest from two tables,
+    summed (as a split residual VQ embeds them)."""
+
+    def __init__(self, cfg: Code2WavConfig) -> None:
+        super().__init__()
+        self.first = nn.Embedding(cfg.codebook_size, cfg.hidden_size)
+        self.rest = nn.Embedding(cfg.codebook_size, cfg.hidden_size)
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        return (self.first(codes[:, 0]) + self.rest(codes[:, 1:]).sum(1)) / codes.shape[1]
+
+
+def test_a_codec_with_its_own_code_embedding_streams_exactly(m):
+    own = Code2Wav(m.cfg, code_embedding=SplitEmbedding(m.cfg)).eval()
+    random_weights_(own, seed=2)
+    own = own.double()
+    assert "code_embedding.first.weight" in dict(own.named_parameters())
+    streams = [m.codes(n, seed=30 + i) for i, n in enumerate(m.lengths())]
+    r = run(Code2WavSlots(own, 3, "cpu", torch.float64, clamp=False), streams, seed=3)
+    for codes, outs in zip(streams, r.outs, strict=True):
+        with torch.no_grad():
+            one = own.decode(codes, clamp=False)[:, 0]
+            split = own.code_embedding
+            embedded = (split.first(codes[:, 0]) + split.rest(codes[:, 1:]).sum(1)) / codes.shape[1]
+        got = torch.cat(outs, dim=-1)
+        assert got.shape == one.shape
+        assert (got - one).abs().max() <= EXACT
+        assert torch.equal(own.embed(codes), embedded)  # the hook's embedding is the one decoded

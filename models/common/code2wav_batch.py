@@ -88,7 +88,7 @@ class Code2WavSlots:
     ) -> None:
         cfg = model.cfg
         device = torch.device(device)
-        w = model.code_embedding.weight
+        w = next(model.parameters())
         if w.dtype != dtype or w.device.type != device.type:
             raise ValueError(f"model is {w.dtype} on {w.device}; slots asked for {dtype} on {device}")
         if slots < 1 or cfg.sliding_window < 2:
