@@ -10,6 +10,7 @@ is scratch for padding rows. A model's talker stage adds how a turn's prompt is 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
 import torch
@@ -24,19 +25,13 @@ from pipelines.types import GenerationOptions
 
 from .frame import FrameTalker
 from .frame_step import FramePrefill, FrameStep
-from .prefill import PrefillCall, Prefills, pad_rows
+from .prefill import InputRows, PrefillCall, Prefills
 from .work import GREEDY, NAN_MESSAGE
 
 
 def greedy_talker(p: SamplingParams) -> SamplingParams:
     """The reference's greedy talker keeps its repetition penalty (and suppressed ids)."""
     return SamplingParams(greedy=True, repetition_penalty=p.repetition_penalty)
-
-
-class InputRows(Protocol):
-    def tail(self, start: int) -> torch.Tensor:
-        """The stream's input embeddings from position `start` on [N - start, H]."""
-        ...
 
 
 class FrameTurn(Protocol):
@@ -125,10 +120,8 @@ class FrameStage:
         if not group:
             return
         works = [w for w, _ in group]
-        rows = kv_views.prefill_rows(self.kv, [(w.key, n) for w, n in group], call.tokens, call.blocks)
-        rows |= self._rows(works) | {"last": [n - 1 for _, n in group], "x": pad_rows(
-            [w.inputs.tail(self.kv.length(w.key))[:n] for w, n in group], call.tokens)}
-        self._commit(works, call.runner(len(group), rows))
+        rows = self.prefill.rows(replace(call, group=group), lambda w: w.inputs)
+        self._commit(works, call.runner(len(group), rows | self._rows(works)))
 
     def _commit(self, works: list[FrameWork], out: Tensors) -> None:
         rows = torch.cat((out["codes"], out["bad"][:, None].to(out["codes"].dtype)), dim=1).tolist()  # one sync

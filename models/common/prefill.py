@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
+from pipelines import kv_views
 from pipelines.graphs import GraphRunner, Input, PrefillGraphs, Tensors
 from pipelines.kv_cache import PagedKVCache
-from pipelines.kv_views import prefill_inputs
 
 
 def pad_rows(rows: list[torch.Tensor], length: int) -> torch.Tensor:
@@ -27,6 +27,12 @@ def pad_rows(rows: list[torch.Tensor], length: int) -> torch.Tensor:
     for i, r in enumerate(rows):
         out[i, : r.shape[0]] = r
     return out
+
+
+class InputRows(Protocol):
+    def tail(self, start: int) -> torch.Tensor:
+        """A sequence's input embeddings from position `start` on [N - start, H]."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -71,11 +77,19 @@ class Prefills:
                                  (len(rest),), graphs=False)
             yield PrefillCall(rest, runner, tokens, blocks)
 
+    def rows(self, call: PrefillCall, inputs: Callable[[Any], InputRows]) -> dict:
+        """The call's KV rows, each row's `last` new token, and `x`: each row's new inputs (of `inputs(work)`,
+        from its first uncached position) padded to the call's tokens."""
+        group = call.group
+        rows = kv_views.prefill_rows(self.kv, [(w.key, n) for w, n in group], call.tokens, call.blocks)
+        x = pad_rows([inputs(w).tail(self.kv.length(w.key))[:n] for w, n in group], call.tokens)
+        return rows | {"x": x, "last": [n - 1 for _, n in group]}
+
 
 def prefill_step_inputs(hidden: int, dtype: torch.dtype, tokens: int, blocks: int,
                         cache: PagedKVCache) -> dict[str, Input]:
     """A prefill step's inputs per sequence (row): its new tokens and what it samples from its last one."""
-    return {"x": Input((tokens, hidden), dtype), **prefill_inputs(tokens, blocks, cache),
+    return {"x": Input((tokens, hidden), dtype), **kv_views.prefill_inputs(tokens, blocks, cache),
             "last": Input((), torch.long, 0), "no_eos": Input((), torch.bool, False)}
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from models.common.prefill import PrefillCall, Prefills, pad_rows
+from models.common.prefill import PrefillCall, Prefills
 from models.common.work import GREEDY, NAN_MESSAGE
 from pipelines import kv_views
 from pipelines.graphs import GraphRunner, Tensors
@@ -55,11 +55,7 @@ class ThinkerStep:
             if len(self.kv.seqs[w.key].blocks) > self.width:
                 return False
         x = torch.cat([w.turn.session.embeds.tail(len(w.turn.session.ids) - 1) for w in works])
-        rows = kv_views.rows(self.kv, [w.key for w in works], self.width) | {
-            "x": x, "step": [len(w.turn.reply_ids) for w in works],
-            "no_eos": [w.turn.options.ignore_eos for w in works],
-            **sampling_rows("s", [w.turn.options.thinker or GREEDY for w in works]),
-        }
+        rows = kv_views.rows(self.kv, [w.key for w in works], self.width) | self._rows(works) | {"x": x}
         self._commit(works, self.graph(len(works), rows))
         return True
 
@@ -67,19 +63,19 @@ class ThinkerStep:
         for call in self.prefill.calls(works, lengths):
             self._prefill(call)
 
+    def _rows(self, works: list[ThinkerWork]) -> dict:
+        """Each row's reply step and sampling: the inputs decode and prefill share."""
+        return {"step": [len(w.turn.reply_ids) for w in works], "no_eos": [w.turn.options.ignore_eos for w in works],
+                **sampling_rows("s", [w.turn.options.thinker or GREEDY for w in works])}
+
     def _prefill(self, call: PrefillCall) -> None:
-        group = call.group
-        works = [w for w, _ in group]
+        works = [w for w, _ in call.group]
         pasts = [self.kv.length(w.key) for w in works]
-        x = pad_rows([w.turn.session.embeds.tail(p)[:n] for (w, n), p in zip(group, pasts, strict=True)], call.tokens)
-        rows = kv_views.prefill_rows(self.kv, [(w.key, n) for w, n in group], call.tokens, call.blocks)
-        rows |= {"x": x, "last": [n - 1 for _, n in group], "step": [len(w.turn.reply_ids) for w in works],
-                 "no_eos": [w.turn.options.ignore_eos for w in works],
-                 **sampling_rows("s", [w.turn.options.thinker or GREEDY for w in works])}
-        out = call.runner(len(group), rows)
+        rows = self.prefill.rows(call, lambda w: w.turn.session.embeds)
+        out = call.runner(len(works), rows | self._rows(works))
         if self.speaks:  # every turn's user rows: a later turn may speak
-            for i, ((w, n), past) in enumerate(zip(group, pasts, strict=True)):
-                self._talker_user_rows(w, past, n, x[i], out["captured"][i])
+            for i, ((w, n), past) in enumerate(zip(call.group, pasts, strict=True)):
+                self._talker_user_rows(w, past, n, rows["x"][i], out["captured"][i])
         self._commit(works, out)
 
     def _commit(self, works: list[ThinkerWork], out: Tensors) -> None:
