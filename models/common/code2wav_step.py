@@ -20,10 +20,10 @@ from pipelines.types import AudioChunk
 
 from .code2wav import Code2Wav
 from .code2wav_batch import Code2WavSlots
-from .work import Work
+from .work import Turn, Work
 
 
-class SpeakingTurn(Protocol):
+class SpeakingTurn(Turn, Protocol):
     """What the codec stage reads and writes of a turn: the frames waiting for it, and where audio goes."""
 
     turn_id: str
@@ -35,10 +35,6 @@ class SpeakingTurn(Protocol):
     def on_audio(self, chunk: AudioChunk) -> None: ...
 
     def maybe_finish(self) -> bool: ...
-
-    def urgency(self) -> float: ...
-
-    def fail(self, code: str, message: str) -> None: ...
 
 
 class Speaker(Protocol):
