@@ -25,13 +25,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from models.common.tokenizer import Tokenizer  # noqa: E402
 from models.qwen3_omni.audio_features import resample  # noqa: E402
 from models.qwen3_omni.config import OmniConfig  # noqa: E402
 from models.qwen3_omni.model import random_model  # noqa: E402
 from models.qwen3_omni.placement import PipelineConfig  # noqa: E402
 from models.qwen3_omni.program import Qwen3OmniProgram  # noqa: E402
 from models.qwen3_omni.tiny import FULL_CONFIG, tiny_config  # noqa: E402
-from models.qwen3_omni.tokenizer import Tokenizer  # noqa: E402
 from pipelines.pipeline import Pipeline  # noqa: E402
 from pipelines.types import AudioChunk, GenerationOptions, Message, TextDelta, Turn, TurnDone  # noqa: E402
 
@@ -139,8 +139,8 @@ def stage_times(program: Qwen3OmniProgram) -> dict:
 def checks(program: Qwen3OmniProgram, device: str) -> dict:
     """bf16 sanity on the device: grouped-matmul experts vs the per-expert loop, streamed vs one-shot
     Code2Wav (relative errors; bf16 lands near 1e-2 at worst)."""
-    from models.qwen3_omni import layers
-    from models.qwen3_omni.code2wav_stream import Code2WavStream
+    from models.common import layers
+    from models.common.code2wav_batch import Code2WavSlots
 
     model, out = program.model, {}
     with torch.inference_mode():
@@ -156,8 +156,9 @@ def checks(program: Qwen3OmniProgram, device: str) -> dict:
         out["moe_grouped_used"] = bool(use(x))
         codes = torch.randint(0, 2048, (1, 16, 12), device=device)
         whole = model.code2wav.decode(codes, clamp=False).float().reshape(-1)
-        stream = Code2WavStream(model.code2wav, clamp=False)
-        parts = [stream.push(codes[..., i : i + 1]) for i in range(12)] + [stream.flush()]
+        dec = Code2WavSlots(model.code2wav, 1, device, dtype, clamp=False)
+        slot = dec.open()
+        parts = [dec.push(slot, codes[..., i]) for i in range(12)]
         streamed = torch.cat([p.reshape(-1) for p in parts]).float()
         out["code2wav_stream_vs_oneshot_rel"] = float((streamed - whole).norm() / whole.norm())
     del layers

@@ -19,8 +19,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from models.common.frame_step import FrameStep  # noqa: E402
 from models.qwen3_omni.config import OmniConfig  # noqa: E402
-from models.qwen3_omni.forward import TalkerFrame, ThinkerDecode  # noqa: E402
+from models.qwen3_omni.forward import ThinkerDecode  # noqa: E402
 from models.qwen3_omni.model import random_model  # noqa: E402
 from models.qwen3_omni.tiny import FULL_CONFIG, tiny_config  # noqa: E402
 from pipelines import kv_views  # noqa: E402
@@ -155,7 +156,7 @@ def main() -> None:
         suppress = torch.zeros(tv, dtype=torch.bool, device=dev)
         suppress[tv - 1024:] = True
         suppress[cfg.talker.codec_eos_id] = False
-        step = TalkerFrame(model, cache, seen, suppress, cfg.talker.codec_eos_id)
+        step = FrameStep(model.talker, cache, seen, suppress, cfg.talker.codec_eos_id)
         runner = GraphRunner("talker", step, step.inputs(dtype, width, scratch, top), dev, buckets, graphs=True)
         runner.capture()
         res["talker_capture_s"] = round(runner.capture_s, 2)

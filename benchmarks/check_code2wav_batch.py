@@ -6,7 +6,7 @@
 Random weights, bf16. Every slot holds a stream of `--frames` frames before timing. Per batch size:
 ms per step eager and as a graph replay, and the largest difference between one eager step and one
 replay from the same state (samples and every state buffer). Also one 80-frame stream (longer than
-the window) through push + step vs the one-shot decode and Code2WavStream, relative L2.
+the window) through push + step vs the one-shot decode and vs push alone, relative L2.
 Prints one JSON line.
 """
 
@@ -22,9 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.qwen3_omni.code2wav import Code2Wav  # noqa: E402
-from models.qwen3_omni.code2wav_batch import Code2WavSlots  # noqa: E402
-from models.qwen3_omni.code2wav_stream import Code2WavStream  # noqa: E402
+from models.common.code2wav import Code2Wav  # noqa: E402
+from models.common.code2wav_batch import Code2WavSlots  # noqa: E402
 from models.qwen3_omni.config import OmniConfig  # noqa: E402
 from models.qwen3_omni.tiny import FULL_CONFIG, random_weights_, tiny_config  # noqa: E402
 
@@ -93,8 +92,8 @@ def long_stream(model: Code2Wav, codes: torch.Tensor) -> dict:
     for f in range(1, codes.shape[-1]):
         outs.append(dec.step(torch.tensor([dec.scratch, slot], device=codes.device), codes[0, :, f].expand(2, -1))[1:])
     got = torch.cat(outs, dim=-1)
-    stream = Code2WavStream(model, clamp=False)
-    streamed = torch.cat([stream.push(codes[..., f]) for f in range(codes.shape[-1])], dim=-1)
+    eager = dec.open()  # every frame through push, the eager path
+    streamed = torch.cat([dec.push(eager, codes[..., f]) for f in range(codes.shape[-1])], dim=-1)
     whole = model.decode(codes, clamp=False)
     return {"frames": codes.shape[-1], "vs_decode_rel": rel(got, whole), "vs_stream_rel": rel(got, streamed),
             "stream_vs_decode_rel": rel(streamed, whole)}

@@ -1,4 +1,4 @@
-"""GPU check of models/qwen3_omni/fused.py against the eager layers, bf16, real shapes, T=1, batch 1 and 64.
+"""GPU check of models/common/fused.py against the eager layers, bf16, real shapes, T=1, batch 1 and 64.
 
 For each op and shape: max |fused - eager|, that over max |eager|, the fraction of elements not
 bit-identical, whether the fused op replays in a CUDA graph to eager's values, and the time per op
@@ -21,10 +21,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.qwen3_omni import fused  # noqa: E402
-from models.qwen3_omni.fused import rms_norm_torch  # noqa: E402
-from models.qwen3_omni.fused import rope_torch as apply_rope  # noqa: E402
-from models.qwen3_omni.layers import RMSNorm, Rope  # noqa: E402
+from models.common import fused  # noqa: E402
+from models.common.fused import rms_norm_torch  # noqa: E402
+from models.common.fused import rope_torch as apply_rope  # noqa: E402
+from models.common.layers import RMSNorm, Rope  # noqa: E402
 
 MODELS = {"thinker": (2048, 32, 4, 1e-6), "talker": (1024, 16, 2, 1e-6), "code_predictor": (1024, 16, 8, 1e-6)}
 D, REPS, PER_GRAPH, BATCHES = 128, 200, 20, (1, 64)

@@ -17,8 +17,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.qwen3_omni.code2wav import Code2Wav  # noqa: E402
-from models.qwen3_omni.code2wav_stream import Code2WavStream  # noqa: E402
+from models.common.code2wav import Code2Wav  # noqa: E402
+from models.common.code2wav_batch import Code2WavSlots  # noqa: E402
 from models.qwen3_omni.config import OmniConfig  # noqa: E402
 from models.qwen3_omni.tiny import FULL_CONFIG, random_weights_  # noqa: E402
 
@@ -39,8 +39,9 @@ def main() -> None:
         model = model.to(dtype).eval()
         with torch.inference_mode():
             whole = model.decode(codes, clamp=False).float().reshape(-1)
-            stream = Code2WavStream(model, clamp=False)
-            parts = [stream.push(codes[..., i : i + 1]) for i in range(args.frames)] + [stream.flush()]
+            dec = Code2WavSlots(model, 1, args.device, dtype, clamp=False)
+            slot = dec.open()
+            parts = [dec.push(slot, codes[..., i]) for i in range(args.frames)]
             streamed = torch.cat([p.reshape(-1) for p in parts]).float()
         out[str(dtype).removeprefix("torch.")] = {
             "stream_vs_oneshot_rel": float((streamed - whole).norm() / whole.norm()),

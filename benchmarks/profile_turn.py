@@ -20,12 +20,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_pipeline import speech_like  # noqa: E402
+from models.common.tokenizer import Tokenizer  # noqa: E402
 from models.qwen3_omni.config import OmniConfig  # noqa: E402
 from models.qwen3_omni.model import random_model  # noqa: E402
 from models.qwen3_omni.placement import PipelineConfig  # noqa: E402
 from models.qwen3_omni.program import Qwen3OmniProgram  # noqa: E402
 from models.qwen3_omni.tiny import FULL_CONFIG, tiny_config  # noqa: E402
-from models.qwen3_omni.tokenizer import Tokenizer  # noqa: E402
 from pipelines.pipeline import Pipeline  # noqa: E402
 from pipelines.types import GenerationOptions, Message, Turn  # noqa: E402
 

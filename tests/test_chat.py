@@ -1,7 +1,7 @@
 import pytest
 
-from models.qwen3_omni.chat import Prompt, Turn, render, render_continuation, reply_ids
-from models.qwen3_omni.tokenizer import Tokenizer
+from models.common.chat import Prompt, Turn, render, render_continuation, reply_ids
+from models.common.tokenizer import Tokenizer
 
 IM_START, IM_END, NL = 151644, 151645, 198
 SYSTEM, USER, ASSISTANT = 8948, 872, 77091

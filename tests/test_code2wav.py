@@ -1,4 +1,5 @@
-"""Code2Wav against transformers, and the incremental decoder against the one-shot decode.
+"""Code2Wav against transformers, and the incremental decoder (the slot decoder's eager `push`) against
+the one-shot decode.
 
 The tiny models' random weights give raw waveforms of amplitude ~100, so most clamped samples sit at
 +-1: parity is checked on the waveform before the clamp. In float32 the tolerance is relative (1e-4
@@ -15,9 +16,10 @@ import pytest
 import torch
 from torch import nn
 
-from models.qwen3_omni.code2wav import Code2Wav
-from models.qwen3_omni.code2wav_stream import Code2WavStream
-from models.qwen3_omni.config import Code2WavConfig, OmniConfig
+from models.common.code2wav import Code2Wav
+from models.common.code2wav_batch import Code2WavSlots
+from models.common.config import Code2WavConfig
+from models.qwen3_omni.config import OmniConfig
 from models.qwen3_omni.weights import load_weights
 
 EXACT = 1e-9  # float64
@@ -62,14 +64,18 @@ def ref_decode(ref: nn.Module, codes: torch.Tensor) -> tuple[torch.Tensor, torch
     return wav, seen["raw"]
 
 
+def slots(model: Code2Wav, n: int = 1, clamp: bool = False) -> Code2WavSlots:
+    return Code2WavSlots(model, n, "cpu", model.code_embedding.weight.dtype, clamp=clamp)
+
+
 def stream(model: Code2Wav, codes: torch.Tensor, chunks: list[int], clamp: bool = False) -> list[torch.Tensor]:
-    s = Code2WavStream(model, clamp=clamp)
-    outs, start = [], 0
+    """One stream's codes [1, Q, F] pushed in chunks of `chunks` frames -> the pushes' samples, each [1, 1, S]."""
+    dec = slots(model, clamp=clamp)
+    slot, outs, start = dec.open(), [], 0
     for n in chunks:
-        outs.append(s.push(codes[..., start] if n == 1 else codes[..., start : start + n]))
+        outs.append(dec.push(slot, codes[..., start] if n == 1 else codes[..., start : start + n])[:, None])
         start += n
     assert start == codes.shape[-1]
-    outs.append(s.flush())
     return outs
 
 
@@ -126,17 +132,20 @@ def test_next_frame_changes_exactly_the_last_555_samples(c2w):
 def test_stream_frame_by_frame(c2w):
     frames = c2w.cfg.sliding_window + 8
     codes = c2w.codes(1, frames, seed=6)
-    s = Code2WavStream(c2w.ours64, clamp=False)
-    outs = []
+    dec = slots(c2w.ours64)
+    slot, outs = dec.open(), []
+    state = [dec.k, dec.v, *dec.tails.values(), *dec.pending.values()]
+    shapes = [t.shape for t in state]
     for f in range(frames):
-        outs.append(s.push(codes[..., f]))
+        outs.append(dec.push(slot, codes[..., f])[:, None])
         assert outs[-1].shape[-1] == (1920 - 555 if f == 0 else 1920)
         # the state stays bounded: nothing to the left of the window or the conv contexts is kept
-        assert all(k.shape[1] <= c2w.cfg.sliding_window - 1 for k in s.cache.k)
-        assert all(t.shape[-1] == s.layers[i].context for i, t in s.tails.items())
-        assert all(p.shape[-1] == 1 for p in s.pending.values())
-    assert s.flush().shape == (1, 1, 0)
+        assert dec.k.shape[2] == c2w.cfg.sliding_window - 1
+        assert all(t.shape[-1] == dec.layers[i].context for i, t in dec.tails.items())
+        assert all(p.shape[-1] == 1 for p in dec.pending.values())
+        assert [t.shape for t in state] == shapes
     got = torch.cat(outs, dim=-1)
+    assert got.shape[-1] == frames * 1920 - 555  # the stream, like the one-shot, never yields the last 555
     with torch.no_grad():
         one = c2w.ours64.decode(codes, clamp=False)
     _, ref_raw = ref_decode(c2w.ref64, codes)
@@ -160,22 +169,32 @@ def test_stream_uneven_chunks_float32(c2w):
         assert (got64 - c2w.ours64.decode(codes, clamp=False)).abs().max() <= EXACT
 
 
-def test_reset_starts_a_new_stream(c2w):
+def test_reopened_slot_starts_a_new_stream(c2w):
     codes, other = c2w.codes(1, 9, seed=8), c2w.codes(1, 4, seed=9)
     fresh = torch.cat(stream(c2w.ours64, codes, [2, 3, 4]), dim=-1)
-    s = Code2WavStream(c2w.ours64, clamp=False)
-    s.push(other[..., :3])
-    s.push(other[..., 3])
-    s.reset()
-    again = torch.cat([s.push(codes[..., :2]), s.push(codes[..., 2:5]), s.push(codes[..., 5:])], dim=-1)
-    assert torch.equal(again, fresh)
+    dec = slots(c2w.ours64)
+    slot = dec.open()
+    dec.push(slot, other[..., :3])
+    dec.push(slot, other[..., 3])
+    dec.close(slot)
+    slot = dec.open()
+    again = torch.cat([dec.push(slot, codes[..., :2]), dec.push(slot, codes[..., 2:5]), dec.push(slot, codes[..., 5:])],
+                      dim=-1)
+    assert torch.equal(again[:, None], fresh)
 
 
-def test_batch_of_streams_equals_each_alone(c2w):
+def test_interleaved_streams_equal_each_alone(c2w):
     frames = 9
     codes = c2w.codes(2, frames, seed=10)
     chunks = [1, 3, 2, 3]
-    both = torch.cat(stream(c2w.ours64, codes, chunks), dim=-1)
+    dec = slots(c2w.ours64, 2)
+    opened = [dec.open(), dec.open()]
+    outs: list[list[torch.Tensor]] = [[], []]
+    start = 0
+    for n in chunks:  # the two streams take turns, chunk by chunk
+        for row, slot in enumerate(opened):
+            outs[row].append(dec.push(slot, codes[row : row + 1, :, start : start + n]))
+        start += n
     for row in range(2):
-        alone = torch.cat(stream(c2w.ours64, codes[row : row + 1], chunks), dim=-1)
-        assert (both[row : row + 1] - alone).abs().max() <= EXACT
+        alone = torch.cat(stream(c2w.ours64, codes[row : row + 1], chunks), dim=-1)[:, 0]
+        assert (torch.cat(outs[row], dim=-1) - alone).abs().max() <= EXACT

@@ -2,7 +2,7 @@
 
 Streams of 1 to window + 8 frames share fewer slots than there are streams (closed slots are reused),
 skip ticks at random, and are batched in shuffled order with scratch padding rows in between. Each
-stream's concatenated samples must equal `Code2Wav.decode` of its frames and Code2WavStream's pushes:
+stream's concatenated samples must equal `Code2Wav.decode` of its frames and its eager pushes alone:
 to ~1e-12 in float64 (so the batching is exact, not merely close), to 1e-4 relative in float32.
 """
 
@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from torch import nn
 
-from models.qwen3_omni.code2wav import Code2Wav
-from models.qwen3_omni.code2wav_batch import Code2WavSlots
-from models.qwen3_omni.code2wav_stream import Code2WavStream
-from models.qwen3_omni.config import Code2WavConfig, OmniConfig
+from models.common.code2wav import Code2Wav
+from models.common.code2wav_batch import Code2WavSlots
+from models.common.config import Code2WavConfig
+from models.qwen3_omni.config import OmniConfig
 from models.qwen3_omni.tiny import random_weights_, tiny_config
 
 EXACT = 1e-9
@@ -106,8 +107,10 @@ def run(dec: Code2WavSlots, streams: list[torch.Tensor], seed: int) -> Run:
 
 
 def one_by_one(model: Code2Wav, codes: torch.Tensor) -> torch.Tensor:
-    s = Code2WavStream(model, clamp=False)
-    return torch.cat([s.push(codes[..., f]) for f in range(codes.shape[-1])], dim=-1)[:, 0]
+    """The stream pushed frame by frame, alone in a decoder of its own (the eager path only)."""
+    dec = Code2WavSlots(model, 1, "cpu", model.code_embedding.weight.dtype, clamp=False)
+    slot = dec.open()
+    return torch.cat([dec.push(slot, codes[..., f]) for f in range(codes.shape[-1])], dim=-1)
 
 
 def test_interleaved_streams_equal_one_shot_float64(m):
@@ -210,3 +213,34 @@ def test_bfloat16_smoke(m):
     got = torch.cat(r.outs[0], dim=-1).float()
     assert got.shape == one.shape and got.isfinite().all()
     assert (got - one).abs().max() <= 0.05 * one.abs().max()
+
+
+class SplitEmbedding(nn.Module):
+    """Another codec's code embedding through Code2Wav's hook: codebook 0 and the rest from two tables,
+    summed (as a split residual VQ embeds them)."""
+
+    def __init__(self, cfg: Code2WavConfig) -> None:
+        super().__init__()
+        self.first = nn.Embedding(cfg.codebook_size, cfg.hidden_size)
+        self.rest = nn.Embedding(cfg.codebook_size, cfg.hidden_size)
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        return (self.first(codes[:, 0]) + self.rest(codes[:, 1:]).sum(1)) / codes.shape[1]
+
+
+def test_a_codec_with_its_own_code_embedding_streams_exactly(m):
+    own = Code2Wav(m.cfg, code_embedding=SplitEmbedding(m.cfg)).eval()
+    random_weights_(own, seed=2)
+    own = own.double()
+    assert "code_embedding.first.weight" in dict(own.named_parameters())
+    streams = [m.codes(n, seed=30 + i) for i, n in enumerate(m.lengths())]
+    r = run(Code2WavSlots(own, 3, "cpu", torch.float64, clamp=False), streams, seed=3)
+    for codes, outs in zip(streams, r.outs, strict=True):
+        with torch.no_grad():
+            one = own.decode(codes, clamp=False)[:, 0]
+            split = own.code_embedding
+            embedded = (split.first(codes[:, 0]) + split.rest(codes[:, 1:]).sum(1)) / codes.shape[1]
+        got = torch.cat(outs, dim=-1)
+        assert got.shape == one.shape
+        assert (got - one).abs().max() <= EXACT
+        assert torch.equal(own.embed(codes), embedded)  # the hook's embedding is the one decoded

@@ -1,4 +1,4 @@
-"""The fused Triton kernels (models/qwen3_omni/fused.py) against today's eager layers.
+"""The fused Triton kernels (models/common/fused.py) against today's eager layers.
 
 The kernels run on CPU under Triton's interpreter, in a subprocess: TRITON_INTERPRET must be set
 before triton is first imported, and another test module may already have imported it here. The
@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.qwen3_omni import fused
-from models.qwen3_omni.fused import rope_torch as apply_rope
-from models.qwen3_omni.layers import RMSNorm, Rope, SelfAttention
+from models.common import fused
+from models.common.fused import rope_torch as apply_rope
+from models.common.layers import RMSNorm, Rope, SelfAttention
 
 pytestmark = pytest.mark.skipif(not fused.HAVE_TRITON, reason="triton is not installed")
 
@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = textwrap.dedent(
     """
     import json, sys, torch
-    from models.qwen3_omni import fused
-    from models.qwen3_omni.fused import rope_torch as apply_rope
-    from models.qwen3_omni.layers import RMSNorm, Rope, SelfAttention
+    from models.common import fused
+    from models.common.fused import rope_torch as apply_rope
+    from models.common.layers import RMSNorm, Rope, SelfAttention
 
     imported_triton = "triton" in sys.modules  # importing the model must not import triton
 
@@ -165,7 +165,7 @@ COMPILE = textwrap.dedent(
     """
     import json, re, triton
     from triton.backends.compiler import GPUTarget
-    from models.qwen3_omni import fused_kernels as K
+    from models.common import fused_kernels as K
 
     target = GPUTarget("cuda", 90, 32)  # an H200; compiling needs no GPU, only the bundled ptxas
     backend = triton.compiler.make_backend(target)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from models.qwen3_omni.layers import attention
+from models.common.layers import attention
 from pipelines.kv_cache import KVLayout, OutOfBlocks, PagedKVCache
 
 

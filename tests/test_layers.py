@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from models.qwen3_omni import layers
-from models.qwen3_omni.layers import MoE
+from models.common import layers
+from models.common.layers import MoE
 
 
 @pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="torch without grouped matmul")

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from models.qwen3_omni import chat
+from models.common import chat
+from models.common.tokenizer import Tokenizer
 from models.qwen3_omni.audio_features import audio_token_count, log_mel
 from models.qwen3_omni.placement import PipelineConfig
 from models.qwen3_omni.program import build_pipeline
-from models.qwen3_omni.tokenizer import Tokenizer
 from pipelines.types import AudioChunk, GenerationOptions, Message, Turn, TurnDone
 from realtime.wav import read_wav, write_wav
 

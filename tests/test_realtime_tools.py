@@ -11,10 +11,10 @@ import json
 import pytest
 import torch
 
+from models.common.tokenizer import Tokenizer
 from models.qwen3_omni.model import load_model
 from models.qwen3_omni.placement import PipelineConfig
 from models.qwen3_omni.program import build_pipeline
-from models.qwen3_omni.tokenizer import Tokenizer
 from realtime.server import ServerConfig
 from realtime.session import Limits
 from tests.realtime_server import client, next_event, running, until

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.qwen3_omni.forward import TalkerFrame, ThinkerDecode
+from models.common.frame_step import FrameStep
+from models.qwen3_omni.forward import ThinkerDecode
 from models.qwen3_omni.model import load_model
 from pipelines import kv_views
 from pipelines.graphs import GraphRunner, bucket_for
@@ -112,7 +113,7 @@ def test_talker_frame_equals_the_variable_shape_path_and_padding_changes_nothing
         code0 = Sampler.of([SAMPLED] * n, "cpu")(talker.codec_logits(last), frames, seen[:n].clone(), suppress)
         pred = Sampler.of([predictor] * n, "cpu")
         ref = talker.next_frame(last, code0, lambda lg, s: pred(lg, frames * 16 + s))
-    step = TalkerFrame(model, cache, seen, suppress, eos)
+    step = FrameStep(model.talker, cache, seen, suppress, eos)
     width = 16
     runner = GraphRunner("talker", step, step.inputs(torch.float32, width, scratch, n), "cpu", (1, 4))
     before = seen.clone()

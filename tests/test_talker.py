@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
+from models.common.layers import DenseKVCache
 from models.qwen3_omni.config import OmniConfig
-from models.qwen3_omni.layers import DenseKVCache
 from models.qwen3_omni.talker import Talker
 from models.qwen3_omni.talker_prompt import build_prompt, next_input, tts_embeds, tts_token_ids
 from models.qwen3_omni.weights import load_weights

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from models.common.layers import DenseKVCache
 from models.qwen3_omni.config import OmniConfig
-from models.qwen3_omni.layers import DenseKVCache
 from models.qwen3_omni.thinker import Thinker, ThinkerText, merge_audio, text_positions
 from models.qwen3_omni.weights import load_weights
 

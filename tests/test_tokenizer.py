@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from models.qwen3_omni.tokenizer import (
+from models.common.tokenizer import (
     FIRST_SPECIAL_ID,
     PRETOKENIZE_REGEX,
     SPECIAL_TOKENS,
@@ -156,7 +156,7 @@ def test_from_dir_vocab_and_merges(tok: Tokenizer, saved_dir: Path, tmp_path: Pa
 
 
 def test_load(saved_dir: Path, tmp_path: Path) -> None:
-    assert Tokenizer.load("tiny").encode("assistant") == [77091]
+    assert Tokenizer.builtin().encode("assistant") == [77091]
     assert Tokenizer.load(tmp_path).special_ids["<|audio_pad|>"] == 151675
     assert Tokenizer.load(saved_dir).encode("user") == [872]
     with pytest.raises(ValueError, match="checkpoint directory"):

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from models.qwen3_omni.chat import Turn, render
-from models.qwen3_omni.tokenizer import Tokenizer
+from models.common.chat import Turn, render
+from models.common.tokenizer import Tokenizer
 from models.qwen3_omni.tools import (
     FORCED_INSTRUCTION,
     REQUIRED_INSTRUCTION,

@@ -7,9 +7,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from models.common.code2wav import Code2Wav
+from models.common.weights import WeightError, map_name
+from models.common.weights import load_weights as load_any
+from models.qwen3_omni.config import OmniConfig
 from models.qwen3_omni.model import load_model
 from models.qwen3_omni.tiny import FULL_CONFIG
-from models.qwen3_omni.weights import WeightError, map_name
+from models.qwen3_omni.weights import load_weights as load_omni
 
 
 def copy_ckpt(src, dst, edit=None):
@@ -108,3 +112,23 @@ def test_no_safetensors(tmp_path):
     shutil.copy(FULL_CONFIG, tmp_path / "config.json")
     with pytest.raises(WeightError, match="no safetensors"):
         load_model(tmp_path)
+
+
+def test_a_models_own_names_through_the_rename_hook(hf_tiny_a, tmp_path):
+    """Another model's checkpoint calls the codec `codec.*` and holds tensors we do not use: its rename hook
+    maps the one and drops the other, and the shared loader fills the same Code2Wav."""
+
+    def rename_codec(t):
+        for k in [k for k in t if k.startswith("code2wav.")]:
+            t["codec." + k.removeprefix("code2wav.")] = t.pop(k)
+        t["speaker_encoder.proj.weight"] = torch.zeros(3, 3)
+
+    path = copy_ckpt(hf_tiny_a.path, tmp_path / "c", rename_codec)
+    cfg = OmniConfig.from_file(hf_tiny_a.path).code2wav
+    ours, ref = Code2Wav(cfg), Code2Wav(cfg)
+    load_any(ours, path, rename=lambda k: k.removeprefix("codec.") if k.startswith("codec.") else None)
+    load_omni(ref, hf_tiny_a.path, prefix="code2wav.")
+    a, b = ours.state_dict(), ref.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(WeightError, match="speaker_encoder"):
+        load_any(ours, path, rename=lambda k: None if k.startswith("thinker.") or k.startswith("talker.") else k)

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from models.common.tokenizer import StreamDecoder
 from pipelines.types import AudioChunk, Event, TextDelta, TurnDone, TurnError, Usage
 
 from .spec import TurnSettings
 from .talker_prompt import TtsEmbeds
-from .tokenizer import StreamDecoder
 from .tools import parse_tool_calls
 
 

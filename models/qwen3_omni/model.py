@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .code2wav import Code2Wav
+from models.common.code2wav import Code2Wav
+
 from .config import OmniConfig
 from .talker import Talker
 from .thinker import Thinker

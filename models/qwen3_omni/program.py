@@ -14,15 +14,16 @@ import logging
 
 import torch
 
+from models.common import chat
+from models.common.code2wav_step import Code2WavStep, Code2WavWork
+from models.common.tokenizer import Tokenizer
 from pipelines.kv_cache import PagedKVCache
 from pipelines.pipeline import Emit, Pipeline
 from pipelines.program import ContextTooLong, StagedProgram
 from pipelines.stage import Stage
 from pipelines.types import Message, Turn
 
-from . import chat
 from .audio_features import audio_token_count, log_mel
-from .code2wav_step import Code2WavStep, Code2WavWork
 from .conversation import Session, TurnState
 from .model import Qwen3Omni, load_model
 from .placement import PipelineConfig, kv_layouts
@@ -30,7 +31,7 @@ from .spec import INPUT_RATE, TurnSettings, omni_spec
 from .stages import EncoderStep, EncoderWork, TalkerWork, ThinkerWork, Work
 from .talker_step import TalkerStep
 from .thinker_step import ThinkerStep
-from .tokenizer import Tokenizer
+from .tiny import PRESETS
 from .tools import assistant_text, merge_tool_results, tool_response_text, with_tools
 
 log = logging.getLogger(__name__)
@@ -171,7 +172,7 @@ class Qwen3OmniProgram(StagedProgram):
 def build_pipeline(cfg: PipelineConfig, model: Qwen3Omni | None = None) -> Pipeline:
     """Load `cfg.model` (or use `model`, already on the device) and return its Pipeline, not started."""
     model = model or load_model(cfg.model, cfg.device, getattr(torch, cfg.dtype))
-    tokenizer = Tokenizer.load(cfg.model)
+    tokenizer = Tokenizer.builtin() if cfg.model in PRESETS else Tokenizer.load(cfg.model)
     return Pipeline(Qwen3OmniProgram(model, tokenizer, cfg))
 
 

@@ -12,47 +12,11 @@ from collections.abc import Callable
 
 import torch
 
-from pipelines.graphs import PrefillGraphs
+from models.common.work import Work
 from pipelines.kv_cache import BatchKV, PagedKVCache
-from pipelines.sampling import SamplingParams
 
 from .conversation import Rows, TurnState
 from .model import Qwen3Omni
-
-GREEDY = SamplingParams(greedy=True)
-
-
-def pad_rows(rows: list[torch.Tensor], length: int | None = None) -> torch.Tensor:
-    """[n_i, H] rows -> [B, length (default: max n), H], zero padded."""
-    t = length or max(r.shape[0] for r in rows)
-    out = rows[0].new_zeros(len(rows), t, rows[0].shape[1])
-    for i, r in enumerate(rows):
-        out[i, : r.shape[0]] = r
-    return out
-
-
-def last_rows(hidden: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-    idx = torch.tensor(lengths, device=hidden.device) - 1
-    return hidden[torch.arange(hidden.shape[0], device=hidden.device), idx]
-
-
-class Work:
-    """Common part of a turn's work item in one stage."""
-
-    keep_kv = False
-
-    def __init__(self, turn: TurnState, key: str) -> None:
-        self.turn = turn
-        self.key = key
-
-    def urgency(self) -> float:
-        return self.turn.urgency()
-
-    def fail(self, code: str, message: str) -> None:
-        self.turn.fail(code, message)
-
-    def release(self) -> None:
-        """Give back what the work holds beyond its KV cache (called once its turn has ended)."""
 
 
 class EncoderWork(Work):
@@ -143,27 +107,3 @@ class EncoderStep:
         w.done = True
         w.turn.on_prompt_embeds(self.model.thinker.embed_prompt(ids, audio)[0])
 
-
-def nan_rows(logits: torch.Tensor) -> torch.Tensor:
-    """[B] bool: rows whose logits hold a NaN (that row's turn ends; the rest of the batch goes on)."""
-    return logits.isnan().any(dim=-1)
-
-
-NAN_MESSAGE = "the model's output is not a number"
-
-
-
-
-def run_prefills(prefill: PrefillGraphs, kv: PagedKVCache, works: list, lengths: list[int], view: BatchKV,
-                 fixed: Callable[[list, int, int], None], eager: Callable[[list, list[int], BatchKV], None]) -> None:
-    """A prefill batch: the sequences that fit the fixed prefill shapes go through them (`fixed(group,
-    tokens, context)`, up to 8 per call); the rest (long prompts or contexts) through one padded eager
-    batch (`eager(works, lengths, view)`)."""
-    shapes = [prefill.shape(n, kv.length(w.key) + n) for w, n in zip(works, lengths, strict=True)]
-    for (t, c), group in prefill.groups([((w, n), s) for w, n, s in zip(works, lengths, shapes, strict=True) if s]):
-        fixed(group, t, c)
-    rest = [(w, n) for w, n, s in zip(works, lengths, shapes, strict=True) if s is None]
-    if len(rest) == len(works):
-        eager(works, lengths, view)
-    elif rest:
-        eager([w for w, _ in rest], [n for _, n in rest], kv.batch([(w.key, n) for w, n in rest]))

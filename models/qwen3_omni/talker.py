@@ -1,7 +1,8 @@
 """The talker: an MoE transformer that speaks the thinker's reply as codec frames.
 
 Each step takes one input embedding and yields a hidden state; `codec_head` turns it into logits over
-codebook 0, and the code predictor (code_predictor.py) fills codebooks 1..15 of the same frame. Every
+codebook 0, and the code predictor (code_predictor.py) fills codebooks 1..15 of the same frame: the
+talker implements models/common/frame.py's FrameTalker. Every
 talker layer uses the routed MoE with a sigmoid-gated shared expert (the checkpoint has no dense talker
 layers, whatever `mlp_only_layers` / `decoder_sparse_step` say). Thinker states enter through two
 two-layer MLPs: `text_projection` for token embeddings, `hidden_projection` for the hidden states of
@@ -10,21 +11,15 @@ multimodal (audio) positions. How those build the prompt and the per-frame input
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.qwen3_omni.code_predictor import CodePredictor, Sampler, greedy
-from models.qwen3_omni.config import ConfigError, TalkerConfig, TextConfig
-from models.qwen3_omni.layers import DecoderLayer, KVCache, MoE, RMSNorm, Rope, run_layers
-
-
-@dataclass(frozen=True)
-class CodecFrame:
-    codes: torch.Tensor  # [B, 16] codebooks 0..15
-    embed_sum: torch.Tensor  # [B, H] sum of the 16 codebook embeddings: the next talker input, less its text part
+from models.common.code_predictor import CodePredictor, Sampler, greedy
+from models.common.config import ConfigError, TextConfig
+from models.common.frame import CodecFrame, next_frame
+from models.common.layers import DecoderLayer, KVCache, MoE, RMSNorm, Rope, run_layers
+from models.qwen3_omni.config import TalkerConfig
 
 
 class ResizeMLP(nn.Module):
@@ -94,8 +89,10 @@ class Talker(nn.Module):
     def embed_codec(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.codec_embedding(ids)
 
+    @property
+    def hidden_size(self) -> int:
+        return self.cfg.text.hidden_size
+
     def next_frame(self, hidden: torch.Tensor, code0: torch.Tensor, sample: Sampler = greedy) -> CodecFrame:
-        """The full frame for codebook-0 code `code0` [B], chosen from the talker's hidden state [B, H]."""
-        code0_embed = self.embed_codec(code0)
-        rest = self.code_predictor.predict(hidden, code0_embed, sample)
-        return CodecFrame(torch.cat((code0[:, None], rest.codes), dim=1), code0_embed + rest.embed_sum)
+        """The full frame for codebook-0 code `code0` [B], chosen from the hidden state [B, H] (frame.py)."""
+        return next_frame(self, hidden, code0, sample)

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
+from models.common.frame import CodecFrame
 from models.qwen3_omni.config import OmniConfig
-from models.qwen3_omni.talker import CodecFrame, Talker
+from models.qwen3_omni.talker import Talker
 
 
 @dataclass(frozen=True)

@@ -1,56 +1,31 @@
-"""The talker stage: a turn's prompt prefill (any shapes, eager) and one whole codec frame per row per
-decode step (`forward.TalkerFrame`, fixed shapes: a CUDA graph per batch bucket when graphs are on).
-
-Each talker stream holds a row (slot) of the stage's repetition-penalty state, `seen` [slots + 1, V]:
-the codebook-0 ids it has made, updated on the device by whichever path made the frame. The last row
-is scratch for padding rows.
-"""
+"""Qwen3-Omni's talker stage: the frame LM's stage (models/common/frame_stage.py) over the MoE talker,
+with the codec ids it never samples and how a turn's talker prompt is built (talker_prompt.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from pipelines import kv_views
-from pipelines.graphs import GraphRunner, PrefillGraphs, Tensors
-from pipelines.kv_cache import BatchKV, PagedKVCache
-from pipelines.sampling import Sampler, SamplingParams
+from models.common.frame_stage import FrameStage
+from pipelines.kv_cache import PagedKVCache
 from pipelines.stage import StageConfig
-from pipelines.step_sampling import sampling_rows
 
 from .conversation import TurnState
-from .forward import TalkerFrame, TalkerPrefill
 from .model import Qwen3Omni
-from .stages import GREEDY, NAN_MESSAGE, TalkerWork, last_rows, nan_rows, pad_rows, run_prefills
 from .talker_prompt import assistant_prefix
 
-
-def greedy_talker(p: SamplingParams) -> SamplingParams:
-    """The reference's greedy talker keeps its repetition penalty (and suppressed ids)."""
-    return SamplingParams(greedy=True, repetition_penalty=p.repetition_penalty)
+CONTROL_IDS = 1024  # the codec vocabulary's last ids are control ids, never sampled (except codec_eos)
 
 
-class TalkerStep:
+class TalkerStep(FrameStage):
     def __init__(self, model: Qwen3Omni, dtype: torch.dtype, kv: PagedKVCache, sc: StageConfig,
                  slots: int = 1024) -> None:
-        self.model, self.device, self.dtype, self.kv = model, torch.device(sc.device), dtype, kv
         t = model.cfg.talker
         vocab = t.text.vocab_size
-        self.eos = t.codec_eos_id
-        self.suppress = torch.zeros(vocab, dtype=torch.bool, device=self.device)
-        self.suppress[vocab - 1024 :] = True
-        self.suppress[self.eos] = False
-        self.seen = torch.zeros(slots + 1, vocab, dtype=torch.bool, device=self.device)
-        self.free = list(range(slots - 1, -1, -1))
-        self.width = sc.graph_blocks
-        step = TalkerFrame(model, kv, self.seen, self.suppress, self.eos)
-        self.graph = GraphRunner("talker", step, step.inputs(dtype, self.width, kv.scratch_slot, slots), self.device,
-                                 sc.buckets, sc.graphs)
-        prefill = TalkerPrefill(step)
-        self.prefill = PrefillGraphs("talker_prefill", prefill, lambda t, w: prefill.inputs(dtype, t, w, slots),
-                                     kv.layout.block_size, self.device, sc.graphs)
-
-    def capture(self, pool: object | None) -> object | None:
-        return self.prefill.capture(self.graph.capture(pool))
+        suppress = torch.zeros(vocab, dtype=torch.bool)
+        suppress[vocab - CONTROL_IDS :] = True
+        suppress[t.codec_eos_id] = False
+        super().__init__(model.talker, dtype, kv, sc, t.codec_eos_id, suppress, slots)
+        self.model = model
 
     def prompt(self, turn: TurnState) -> torch.Tensor:
         cfg = self.model.cfg
@@ -58,90 +33,3 @@ class TalkerStep:
         prefix = assistant_prefix(self.model.talker, cfg, turn.head_embeds, turn.tts, speaker)
         users = turn.session.talker_users
         return torch.cat((users.all(), prefix)) if users.n else prefix  # a conversation may have no user turn
-
-    def _slots(self, works: list[TalkerWork]) -> list[TalkerWork]:
-        """Give each work a penalty-state row on its first step; works that get none fail alone."""
-        ready = []
-        for w in works:
-            if w.slot is None:
-                if not self.free:
-                    w.fail("server_busy", f"all {self.seen.shape[0] - 1} talker streams are in use")
-                    continue
-                w.slot, w.free_slot = self.free.pop(), self._free_slot
-            ready.append(w)
-        return ready
-
-    @property
-    def slots_in_use(self) -> int:
-        return self.seen.shape[0] - 1 - len(self.free)
-
-    def _free_slot(self, slot: int) -> None:
-        self.seen[slot].zero_()
-        self.free.append(slot)
-
-    def decode(self, works: list[TalkerWork]) -> bool:
-        if any(len(self.kv.seqs[w.key].blocks) > self.width for w in works):
-            return False
-        works = self._slots(works)
-        if works:
-            opts = [w.turn.options for w in works]
-            rows = kv_views.rows(self.kv, [w.key for w in works], self.width) | {
-                "x": torch.cat([w.inputs.tail(self.kv.length(w.key)) for w in works]),
-                "frame": [len(w.turn.codes) for w in works], "slot": [w.slot for w in works],
-                "no_eos": [o.ignore_eos for o in opts],
-                **sampling_rows("t", [greedy_talker(o.talker) if o.greedy else o.talker for o in opts]),
-                **sampling_rows("p", [GREEDY if o.greedy else o.predictor for o in opts]),
-            }
-            self._commit(works, self.graph(len(works), rows))
-        return True
-
-    def run(self, works: list[TalkerWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
-        """Streams that fit the fixed prefill shapes go through them, up to 8 per call; the rest eagerly."""
-        run_prefills(self.prefill, self.kv, works, lengths, kv, self._prefill, self._eager)
-
-    def _prefill(self, group: list[tuple[TalkerWork, int]], tokens: int, context: int) -> None:
-        ready = {id(w) for w in self._slots([w for w, _ in group])}
-        group = [(w, n) for w, n in group if id(w) in ready]  # the others failed alone (no stream slot)
-        if not group:
-            return
-        works, opts = [w for w, _ in group], [w.turn.options for w, _ in group]
-        x = pad_rows([w.inputs.tail(self.kv.length(w.key))[:n] for w, n in group], tokens)
-        width = context // self.kv.layout.block_size
-        rows = kv_views.prefill_rows(self.kv, [(w.key, n) for w, n in group], tokens, width)
-        rows |= {"x": x, "last": [n - 1 for _, n in group], "frame": [len(w.turn.codes) for w in works],
-                 "slot": [w.slot for w in works], "no_eos": [o.ignore_eos for o in opts],
-                 **sampling_rows("t", [greedy_talker(o.talker) if o.greedy else o.talker for o in opts]),
-                 **sampling_rows("p", [GREEDY if o.greedy else o.predictor for o in opts])}
-        self._commit(works, self.prefill.runners[tokens, context](len(group), rows))
-
-    def _eager(self, works: list[TalkerWork], lengths: list[int], kv: BatchKV) -> None:
-        talker = self.model.talker
-        pasts = [w.kv.length(w.key) for w in works]
-        x = pad_rows([w.inputs.tail(p)[:n] for w, p, n in zip(works, pasts, lengths, strict=True)])
-        last = last_rows(talker(x, kv.positions, kv), lengths)
-        keep = {id(w) for w in self._slots(works)}
-        opts = [w.turn.options for w in works]
-        frames = torch.tensor([len(w.turn.codes) for w in works], device=self.device)
-        slots = torch.tensor([w.slot if id(w) in keep else self.seen.shape[0] - 1 for w in works], device=self.device)
-        talker_params = [greedy_talker(o.talker) if o.greedy else o.talker for o in opts]
-        suppress = self.suppress
-        if any(o.ignore_eos for o in opts):
-            suppress = suppress.expand(len(works), -1).clone()
-            suppress[torch.tensor([o.ignore_eos for o in opts], device=self.device), self.eos] = True
-        logits = talker.codec_logits(last)
-        code0 = Sampler.of(talker_params, self.device)(logits, frames, self.seen[slots], suppress)
-        self.seen[slots, code0] = True
-        predictor = Sampler.of([GREEDY if o.greedy else o.predictor for o in opts], self.device)
-        frame = talker.next_frame(last, code0, lambda logits, step: predictor(logits, frames * 16 + step))
-        out = {"codes": frame.codes, "embed_sum": frame.embed_sum, "bad": nan_rows(logits)}
-        self._commit(works, out, keep)
-
-    def _commit(self, works: list[TalkerWork], out: Tensors, keep: set[int] | None = None) -> None:
-        rows = torch.cat((out["codes"], out["bad"][:, None].to(out["codes"].dtype)), dim=1).tolist()  # one sync
-        for i, (w, (*codes, bad)) in enumerate(zip(works, rows, strict=True)):
-            if keep is not None and id(w) not in keep:
-                continue
-            if bad:
-                w.fail("internal_error", f"talker: {NAN_MESSAGE}")
-                continue
-            w.next_embed = w.turn.on_frame(codes, out["codes"][i], out["embed_sum"][i], self.eos)

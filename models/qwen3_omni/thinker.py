@@ -21,9 +21,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from models.common.config import TextConfig
+from models.common.layers import DecoderLayer, KVCache, MoE, RMSNorm, Rope, SwiGLU
+
 from .audio_encoder import AudioEncoder
-from .config import TextConfig, ThinkerConfig
-from .layers import DecoderLayer, KVCache, MoE, RMSNorm, Rope, SwiGLU
+from .config import ThinkerConfig
 
 
 def thinker_layer(cfg: TextConfig, index: int) -> DecoderLayer:

@@ -1,24 +1,27 @@
-"""The thinker stage: prefills of new turns (any shapes, eager) and decode steps (fixed shapes).
+"""The thinker stage: prefills of new turns (`forward.ThinkerPrefill`) and decode steps
+(`forward.ThinkerDecode`), the only compute paths.
 
-A decode step is `forward.ThinkerDecode` over static buffers: prepare writes each row's input
-embedding, position, block-table row and sampling parameters; the step runs as a CUDA graph of the
-batch's bucket (or eagerly); commit reads the ids in one device-to-host copy and hands each token on.
+A step runs over static buffers: prepare writes each row's input embeddings, positions, block-table
+row and sampling parameters; the step runs as a CUDA graph of the batch's bucket (or eagerly: graphs
+off, or a prefill too long for the fixed shapes, at its own shape); commit reads the ids in one
+device-to-host copy and hands each token on. A thinker-only model (no talker) makes no talker rows.
 """
 
 from __future__ import annotations
 
 import torch
 
+from models.common.prefill import PrefillCall, Prefills
+from models.common.work import GREEDY, NAN_MESSAGE
 from pipelines import kv_views
-from pipelines.graphs import GraphRunner, PrefillGraphs, Tensors
+from pipelines.graphs import GraphRunner, Tensors
 from pipelines.kv_cache import BatchKV, PagedKVCache
-from pipelines.sampling import Sampler
 from pipelines.stage import StageConfig
 from pipelines.step_sampling import sampling_rows
 
 from .forward import ThinkerDecode, ThinkerPrefill
 from .model import Qwen3Omni
-from .stages import GREEDY, NAN_MESSAGE, ThinkerWork, last_rows, nan_rows, pad_rows, run_prefills
+from .stages import ThinkerWork
 from .talker_prompt import TtsEmbeds, tts_embeds, tts_token_ids, user_mask
 
 
@@ -27,16 +30,18 @@ class ThinkerStep:
         self.model, self.device, self.dtype, self.kv = model, torch.device(sc.device), dtype, kv
         self.vocab = vocab  # the tokenizer's size: wider lm_head rows are never sampled
         cfg = model.cfg
-        self.capture_layer = cfg.talker.accept_hidden_layer
-        ids = torch.tensor(tts_token_ids(cfg), device=self.device)
-        self.tts: TtsEmbeds = tts_embeds(model.talker, model.thinker.embed(ids))
+        self.speaks = model.talker is not None  # a thinker-only checkpoint has no talker
+        self.tts: TtsEmbeds | None = None
+        if self.speaks:
+            ids = torch.tensor(tts_token_ids(cfg), device=self.device)
+            self.tts = tts_embeds(model.talker, model.thinker.embed(ids))
         self.width = sc.graph_blocks
         step = ThinkerDecode(model, kv, vocab)
         self.graph = GraphRunner("thinker", step, step.inputs(dtype, self.width, kv.scratch_slot), self.device,
                                  sc.buckets, sc.graphs)
-        prefill = ThinkerPrefill(step, self.capture_layer)
-        self.prefill = PrefillGraphs("thinker_prefill", prefill, lambda t, w: prefill.inputs(dtype, t, w),
-                                     kv.layout.block_size, self.device, sc.graphs)
+        prefill = ThinkerPrefill(step, cfg.talker.accept_hidden_layer if self.speaks else None)
+        self.prefill = Prefills("thinker_prefill", prefill, lambda t, w: prefill.inputs(dtype, t, w), kv, self.device,
+                                sc.graphs)
 
     def capture(self, pool: object | None) -> object | None:
         return self.prefill.capture(self.graph.capture(pool))
@@ -50,47 +55,28 @@ class ThinkerStep:
             if len(self.kv.seqs[w.key].blocks) > self.width:
                 return False
         x = torch.cat([w.turn.session.embeds.tail(len(w.turn.session.ids) - 1) for w in works])
-        rows = kv_views.rows(self.kv, [w.key for w in works], self.width) | {
-            "x": x, "step": [len(w.turn.reply_ids) for w in works],
-            "no_eos": [w.turn.options.ignore_eos for w in works],
-            **sampling_rows("s", [w.turn.options.thinker or GREEDY for w in works]),
-        }
+        rows = kv_views.rows(self.kv, [w.key for w in works], self.width) | self._rows(works) | {"x": x}
         self._commit(works, self.graph(len(works), rows))
         return True
 
     def run(self, works: list[ThinkerWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
-        """Sequences that fit the fixed prefill shapes go through them, up to 8 per call; the rest (long
-        prompts or contexts) in one padded eager batch."""
-        run_prefills(self.prefill, self.kv, works, lengths, kv, self._prefill, self._eager)
+        for call in self.prefill.calls(works, lengths):
+            self._prefill(call)
 
-    def _prefill(self, group: list[tuple[ThinkerWork, int]], tokens: int, context: int) -> None:
-        works = [w for w, _ in group]
+    def _rows(self, works: list[ThinkerWork]) -> dict:
+        """Each row's reply step and sampling: the inputs decode and prefill share."""
+        return {"step": [len(w.turn.reply_ids) for w in works], "no_eos": [w.turn.options.ignore_eos for w in works],
+                **sampling_rows("s", [w.turn.options.thinker or GREEDY for w in works])}
+
+    def _prefill(self, call: PrefillCall) -> None:
+        works = [w for w, _ in call.group]
         pasts = [self.kv.length(w.key) for w in works]
-        x = pad_rows([w.turn.session.embeds.tail(p)[:n] for (w, n), p in zip(group, pasts, strict=True)], tokens)
-        width = context // self.kv.layout.block_size
-        rows = kv_views.prefill_rows(self.kv, [(w.key, n) for w, n in group], tokens, width)
-        rows |= {"x": x, "last": [n - 1 for _, n in group], "step": [len(w.turn.reply_ids) for w in works],
-                 "no_eos": [w.turn.options.ignore_eos for w in works],
-                 **sampling_rows("s", [w.turn.options.thinker or GREEDY for w in works])}
-        out = self.prefill.runners[tokens, context](len(group), rows)
-        for i, ((w, n), past) in enumerate(zip(group, pasts, strict=True)):
-            self._talker_user_rows(w, past, n, x[i], out["captured"][i])
+        rows = self.prefill.rows(call, lambda w: w.turn.session.embeds)
+        out = call.runner(len(works), rows | self._rows(works))
+        if self.speaks:  # every turn's user rows: a later turn may speak
+            for i, ((w, n), past) in enumerate(zip(call.group, pasts, strict=True)):
+                self._talker_user_rows(w, past, n, rows["x"][i], out["captured"][i])
         self._commit(works, out)
-
-    def _eager(self, works: list[ThinkerWork], lengths: list[int], kv: BatchKV) -> None:
-        thinker, talker = self.model.thinker, self.model.talker
-        pasts = [w.kv.length(w.key) for w in works]
-        x = pad_rows([w.turn.session.embeds.tail(p)[:n] for w, p, n in zip(works, pasts, lengths, strict=True)])
-        hidden, captured = thinker(x, kv.positions, kv, capture_layer=self.capture_layer)
-        for i, w in enumerate(works):  # every turn's user rows: a later turn may speak
-            self._talker_user_rows(w, pasts[i], lengths[i], x[i], captured[i])
-        logits = thinker.logits(last_rows(hidden, lengths))[:, : self.vocab]
-        params = [w.turn.options.thinker or GREEDY for w in works]
-        steps = torch.tensor([len(w.turn.reply_ids) for w in works], device=self.device)
-        ids = Sampler.of(params, self.device)(logits, steps, suppress=self._no_eos(works, logits.shape[-1]))
-        embeds = thinker.embed(ids)
-        self._commit(works, {"ids": ids, "embeds": embeds, "projected": talker.project_text(embeds),
-                             "bad": nan_rows(logits)})
 
     def _commit(self, works: list[ThinkerWork], out: Tensors) -> None:
         ids = torch.where(out["bad"], -1, out["ids"]).tolist()  # the step's one host sync
@@ -98,15 +84,7 @@ class ThinkerStep:
             if token < 0:
                 w.fail("internal_error", f"thinker: {NAN_MESSAGE}")
                 continue
-            w.turn.on_token(token, out["embeds"][i], out["projected"][i])
-
-    def _no_eos(self, works: list[ThinkerWork], vocab: int) -> torch.Tensor | None:
-        rows = [w.turn.options.ignore_eos for w in works]
-        if not any(rows):
-            return None
-        mask = torch.zeros(len(works), vocab, dtype=torch.bool, device=self.device)
-        mask[torch.tensor(rows, device=self.device), self.model.cfg.im_end_token_id] = True
-        return mask
+            w.turn.on_token(token, out["embeds"][i], out["projected"][i] if self.speaks else None)
 
     def _talker_user_rows(self, w: ThinkerWork, past: int, n: int, x: torch.Tensor, captured: torch.Tensor) -> None:
         """Talker rows for the user-turn positions among the ones just fed (once per position)."""

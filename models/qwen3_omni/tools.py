@@ -25,9 +25,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from models.common.chat import Turn
 from pipelines.types import ToolCall
-
-from .chat import Turn
 
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
 TOOL_RESPONSE_START, TOOL_RESPONSE_END = "<tool_response>", "</tool_response>"

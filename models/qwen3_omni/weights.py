@@ -1,163 +1,17 @@
-"""Checkpoint loading: stream safetensors shards into a model built on the meta device.
-
-The name map is explicit. Every checkpoint tensor either lands in exactly one model parameter (or one
-slice of a fused / stacked parameter) or is skipped by a documented rule; every model parameter must be
-filled. Anything else is an error naming the keys.
-
-Fused targets (see layers.py):
-  *.self_attn.{q,k,v}_proj.{weight,bias}        -> *.self_attn.qkv.*       rows [q | k | v]
-  *.{mlp,shared_expert}.{gate,up}_proj.weight    -> *.gate_up.weight         rows [gate | up]
-  *.mlp.experts.E.{gate,up}_proj.weight          -> *.mlp.experts.w13[E]     rows [gate | up]
-  *.mlp.experts.E.down_proj.weight               -> *.mlp.experts.w2[E]
-  *.mlp.experts.gate_up_proj / down_proj         -> w13 / w2 (transformers' fused layout, if saved so)
-Skipped: `thinker.visual.*` (the vision tower; image and video input are not served yet) and any
-prefix the caller did not ask for (loading only `code2wav.`, say).
-"""
+"""Qwen3-Omni's checkpoint names: all ours as they are, except the vision tower's (image and video input
+are not served yet), which is skipped without being read. The loader itself is models/common/weights.py."""
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from functools import partial
 
-import torch
-from safetensors import safe_open
-from torch import nn
+from models.common.weights import load_weights as load_any
 
-SKIPPED_PREFIXES = ("thinker.visual.",)
+VISION_PREFIX = "thinker.visual."
 
 
-class WeightError(RuntimeError):
-    pass
+def omni_name(key: str) -> str | None:
+    return None if key.startswith(VISION_PREFIX) else key
 
 
-@dataclass(frozen=True)
-class Target:
-    name: str
-    index: int | None = None  # expert index into a stacked parameter
-    part: int = 0  # which piece of a fused dimension-0 concatenation
-    parts: tuple[str, ...] = ()  # names of the pieces, in order (for sizes)
-
-
-_RULES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"^(.*\.self_attn)\.([qkv])_proj\.(weight|bias)$"), "qkv"),
-    (re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up)_proj\.weight$"), "w13"),
-    (re.compile(r"^(.*\.experts)\.(\d+)\.down_proj\.weight$"), "w2"),
-    (re.compile(r"^(.*\.experts)\.gate_up_proj$"), "w13_all"),
-    (re.compile(r"^(.*\.experts)\.down_proj$"), "w2_all"),
-    (re.compile(r"^(.*\.(?:mlp|shared_expert))\.(gate|up)_proj\.weight$"), "gate_up"),
-]
-
-
-def map_name(ckpt: str) -> Target:
-    """Where checkpoint tensor `ckpt` goes in our model."""
-    for pattern, kind in _RULES:
-        m = pattern.match(ckpt)
-        if m is None:
-            continue
-        if kind == "qkv":
-            return Target(f"{m[1]}.qkv.{m[3]}", part="qkv".index(m[2]), parts=("q", "k", "v"))
-        if kind == "w13":
-            return Target(f"{m[1]}.w13", index=int(m[2]), part=("gate", "up").index(m[3]), parts=("gate", "up"))
-        if kind == "w2":
-            return Target(f"{m[1]}.w2", index=int(m[2]))
-        if kind == "w13_all":
-            return Target(f"{m[1]}.w13")
-        if kind == "w2_all":
-            return Target(f"{m[1]}.w2")
-        return Target(f"{m[1]}.gate_up.weight", part=("gate", "up").index(m[2]), parts=("gate", "up"))
-    return Target(ckpt)
-
-
-def checkpoint_files(path: str | Path) -> list[Path]:
-    path = Path(path)
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [path / s for s in shards]
-    else:
-        files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise WeightError(f"no safetensors files in {path}")
-    missing = [str(f) for f in files if not f.exists()]
-    if missing:
-        raise WeightError(f"shards named by the index are missing: {missing}")
-    return files
-
-
-def iter_tensors(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    for f in checkpoint_files(path):
-        with safe_open(str(f), framework="pt") as st:
-            for key in st.keys():  # noqa: SIM118 (safe_open is not a dict)
-                yield key, st.get_tensor(key)
-
-
-def _fused_offset(target: Target, dest: torch.Tensor, piece: torch.Tensor) -> int:
-    """Row offset of `piece` in a fused parameter: [q | k | v] with equal k and v, or [gate | up]."""
-    if target.parts == ("q", "k", "v") and target.part:
-        q_rows = dest.shape[0] - 2 * piece.shape[0]
-        return q_rows + (target.part - 1) * piece.shape[0]
-    return target.part * piece.shape[0]
-
-
-def load_weights(
-    model: nn.Module,
-    path: str | Path,
-    prefix: str = "",
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
-) -> None:
-    """Fill `model` (built on the meta device or anywhere) from the checkpoint at `path`.
-
-    `prefix` selects a part of the checkpoint and is stripped: loading `Thinker` uses prefix "thinker.".
-    Raises WeightError naming missing, unexpected or mis-shaped keys.
-    """
-    params = dict(model.named_parameters())
-    filled: dict[str, torch.Tensor] = {}
-    covered: dict[str, int] = {}
-    unexpected, bad_shape = [], []
-    for key, tensor in iter_tensors(path):
-        if not key.startswith(prefix) or key.startswith(SKIPPED_PREFIXES):
-            continue
-        target = map_name(key[len(prefix) :])
-        if target.name not in params:
-            unexpected.append(key)
-            continue
-        param = params[target.name]
-        buf = filled.get(target.name)
-        if buf is None:
-            buf = filled[target.name] = torch.empty(param.shape, dtype=dtype, device=device)
-        dest = buf if target.index is None else buf[target.index]
-        if target.parts:
-            if tensor.dim() != dest.dim() or tensor.shape[1:] != dest.shape[1:] or tensor.shape[0] > dest.shape[0]:
-                bad_shape.append(f"{key}: checkpoint {tuple(tensor.shape)} does not fit {tuple(dest.shape)}")
-                continue
-            off = _fused_offset(target, dest, tensor)
-            dest = dest[off : off + tensor.shape[0]]
-        if dest.shape != tensor.shape:
-            bad_shape.append(f"{key}: checkpoint {tuple(tensor.shape)}, model {target.name} {tuple(dest.shape)}")
-            continue
-        dest.copy_(tensor.to(dtype))
-        covered[target.name] = covered.get(target.name, 0) + tensor.numel()
-    missing = [n for n, p in params.items() if covered.get(n, 0) != p.numel()]
-    problems = []
-    if bad_shape:
-        problems.append("wrong shape: " + "; ".join(bad_shape))
-    if unexpected:
-        problems.append(f"unexpected keys (no such parameter under '{prefix}'): " + ", ".join(sorted(unexpected)))
-    if missing:
-        partial = [f"{n} ({covered.get(n, 0)}/{params[n].numel()} elements)" for n in missing]
-        problems.append("missing keys (parameters not filled): " + ", ".join(sorted(partial)))
-    if problems:
-        raise WeightError(f"checkpoint {path} does not match the model:\n  " + "\n  ".join(problems))
-    for name, tensor in filled.items():
-        _set_param(model, name, tensor)
-
-
-def _set_param(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
-    owner_name, _, attr = name.rpartition(".")
-    owner = model.get_submodule(owner_name) if owner_name else model
-    setattr(owner, attr, nn.Parameter(tensor, requires_grad=False))
-
+load_weights = partial(load_any, rename=omni_name)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.qwen3_omni.config import CodePredictorConfig
-from models.qwen3_omni.layers import DecoderLayer, DenseKVCache, KVCache, RMSNorm, Rope, SwiGLU, run_layers
+from models.common.config import CodePredictorConfig
+from models.common.layers import DecoderLayer, DenseKVCache, KVCache, RMSNorm, Rope, SwiGLU, run_layers
 
 # sample(logits [B, V], step) -> ids [B]; step 0 chooses codebook 1.
 Sampler = Callable[[torch.Tensor, int], torch.Tensor]

@@ -1,4 +1,4 @@
-"""The Triton kernels behind models/qwen3_omni/fused.py; imported only when a CUDA tensor takes the
+"""The Triton kernels behind models/common/fused.py; imported only when a CUDA tensor takes the
 Triton path, so that importing the model never imports triton (a test may need to set TRITON_INTERPRET
 before triton's first import)."""
 

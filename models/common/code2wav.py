@@ -8,7 +8,7 @@ Every conv is causal (stride 1, zero left padding of `context` samples). A decod
 kernel 2r and stride r, trimmed by r on each side, makes output block j from inputs j and j+1, and
 T inputs give T - 1 blocks: the block that would need input T is dropped, not guessed. That is the
 only look-ahead (`lookahead` = 1 input); through the four decoder blocks it adds up to `holdback`
-samples, so F frames decode to F * 1920 - 555 samples. code2wav_stream.py relies on `context` and
+samples, so F frames decode to F * 1920 - 555 samples. code2wav_batch.py relies on `context` and
 `lookahead` to decode incrementally with the same modules.
 """
 
@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.qwen3_omni.config import Code2WavConfig
-from models.qwen3_omni.layers import RMSNorm, Rope, SelfAttention, SwiGLU, attention
+from models.common.config import Code2WavConfig
+from models.common.layers import RMSNorm, Rope, SelfAttention, SwiGLU, attention
 
 
 class CausalConv(nn.Module):
@@ -163,12 +163,31 @@ class Transformer(nn.Module):
         return self.norm(x)
 
 
-class Code2Wav(nn.Module):
+class CodeEmbedding(nn.Embedding):
+    """codes [B, Q, F] -> [B, F, H]: the mean of the Q codebooks' embeddings, from one table where
+    codebook q's codes sit after the q codebooks before it (checkpoint name `code_embedding.weight`)."""
+
     def __init__(self, cfg: Code2WavConfig) -> None:
+        super().__init__(cfg.codebook_size * cfg.num_quantizers, cfg.hidden_size)
+        self.quantizers, self.codebook_size = cfg.num_quantizers, cfg.codebook_size
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        q = self.quantizers
+        if codes.shape[1] != q:
+            raise ValueError(f"expected {q} codebooks, got codes of shape {tuple(codes.shape)}")
+        offset = torch.arange(q, device=codes.device)[None, :, None] * self.codebook_size
+        return super().forward(codes + offset).mean(1)
+
+
+class Code2Wav(nn.Module):
+    """The codec decoder. `code_embedding` is the hook a codec with another code embedding plugs in (any
+    module mapping codes [B, Q, F] to [B, F, hidden_size], frame by frame); the rest is shared."""
+
+    def __init__(self, cfg: Code2WavConfig, code_embedding: nn.Module | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         h, d = cfg.hidden_size, cfg.decoder_dim
-        self.code_embedding = nn.Embedding(cfg.codebook_size * cfg.num_quantizers, h)
+        self.code_embedding = code_embedding if code_embedding is not None else CodeEmbedding(cfg)
         self.pre_transformer = Transformer(cfg)
         self.upsample = nn.ModuleList(
             nn.ModuleList([CausalTransConv(h, h, r, r), ConvNeXt(h)]) for r in cfg.upsampling_ratios
@@ -181,12 +200,8 @@ class Code2Wav(nn.Module):
         return SlidingKV(self.cfg.num_hidden_layers, self.cfg.sliding_window)
 
     def embed(self, codes: torch.Tensor) -> torch.Tensor:
-        """codes [B, Q, F] -> [B, F, H]: the mean of the Q codebooks' embeddings."""
-        q = self.cfg.num_quantizers
-        if codes.shape[1] != q:
-            raise ValueError(f"expected {q} codebooks, got codes of shape {tuple(codes.shape)}")
-        offset = torch.arange(q, device=codes.device)[None, :, None] * self.cfg.codebook_size
-        return self.code_embedding(codes + offset).mean(1)
+        """codes [B, Q, F] -> [B, F, H]."""
+        return self.code_embedding(codes)
 
     def conv_layers(self) -> Iterator[nn.Module]:
         """The layers after the transformer, in order, as a flat sequence."""

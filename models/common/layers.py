@@ -2,7 +2,7 @@
 
 Parameter names follow the checkpoint's, except fused ones: `qkv` (q, k, v rows stacked),
 `gate_up` (gate rows, then up rows) and the stacked experts `w13` [E, 2I, H] / `w2` [E, H, I].
-models/qwen3_omni/weights.py maps checkpoint names onto these.
+models/common/weights.py maps checkpoint names onto these.
 """
 
 from __future__ import annotations

@@ -199,12 +199,10 @@ class Tokenizer:
 
     @classmethod
     def load(cls, model: str | Path) -> Tokenizer:
-        """Model "tiny" -> builtin; a directory -> its own tokenizer files if it has them, else builtin."""
-        if str(model) == "tiny":
-            return cls.builtin()
+        """A checkpoint directory's own tokenizer files if it has them, else the builtin one."""
         path = Path(model)
         if not path.is_dir():
-            raise ValueError(f"model must be 'tiny' or a checkpoint directory, got {model!r}")
+            raise ValueError(f"not a checkpoint directory: {model!r}")
         if (path / "tokenizer.json").is_file() or (path / "vocab.json").is_file():
             return cls.from_dir(path)
         return cls.builtin()

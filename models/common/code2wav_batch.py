@@ -1,8 +1,24 @@
-"""Code2Wav across sessions: many streams, each at its own point, one frame each in one batched call.
+"""Incremental Code2Wav across sessions: many streams, each at its own point, one frame each in one
+batched call (`step`), or any number of frames of one stream eagerly (`push`).
 
-The state that code2wav_stream.py keeps per stream object lives here in preallocated buffers indexed
-by slot, so `step` has shapes that depend only on the batch size (it can be captured in a CUDA graph)
-and does no host sync: gather each row's state by slot, run the layers, write the new state back.
+After k frames, a stream's concatenated samples equal `Code2Wav.decode` of those k frames (to float
+rounding), and a frame costs the same however many came before: each layer keeps just the left
+context it needs. Why that is exact, layer by layer (see code2wav.py):
+
+- transformer: causal, window W frames. A new frame attends to itself and the W-1 frames before it.
+- causal conv (stride 1, extent (k-1)d, zero left padding of that size): an output needs the (k-1)d
+  inputs before it, kept as the layer's tail; the initial all-zero tail is the one-shot's padding.
+- upsampling transposed conv (kernel = stride): no overlap, nothing to keep.
+- decoder transposed conv (kernel 2r, stride r, trimmed by r at both ends): output block j is made
+  from inputs j and j+1, and the one-shot drops the block that would need the input after the last.
+  The last input is kept pending and put in front of the next ones; the same trim then yields exactly
+  the blocks the new inputs complete (at the first frame, with nothing pending, the one-shot's own
+  left trim). So with rates 8, 5, 4, 3: the first frame gives 1920 - 555 samples, every later one
+  1920, and the last 555 (23 ms), which would need a frame after the end, never come.
+
+The state lives in preallocated buffers indexed by slot, so `step` has shapes that depend only on the
+batch size (it can be captured in a CUDA graph) and does no host sync: gather each row's state by
+slot, run the layers, write the new state back.
 
 - transformer KV: a ring of window - 1 frames per layer and slot. The key of frame f sits at
   f % (window - 1); attention is order-free once rope is applied, so the ring needs no shifting.
@@ -13,7 +29,7 @@ and does no host sync: gather each row's state by slot, run the layers, write th
 A stream's first frame has nothing pending, so it yields `holdback` fewer samples: `step(first=True)`
 batches first frames, `step` later ones (two fixed-shape calls per batch size), and `push` takes any
 number of frames of one stream, first or later, eagerly. Samples equal `Code2Wav.decode` of the
-stream's frames, like Code2WavStream's.
+stream's frames.
 """
 
 from __future__ import annotations
@@ -22,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.qwen3_omni.code2wav import CausalConv, CausalTransConv, Code2Wav, ConvNeXt, ResidualUnit
+from models.common.code2wav import CausalConv, CausalTransConv, Code2Wav, ConvNeXt, ResidualUnit
 
 _CAUSAL = (CausalConv, ConvNeXt, ResidualUnit)
 
@@ -72,7 +88,7 @@ class Code2WavSlots:
     ) -> None:
         cfg = model.cfg
         device = torch.device(device)
-        w = model.code_embedding.weight
+        w = next(model.parameters())
         if w.dtype != dtype or w.device.type != device.type:
             raise ValueError(f"model is {w.dtype} on {w.device}; slots asked for {dtype} on {device}")
         if slots < 1 or cfg.sliding_window < 2:

@@ -9,6 +9,7 @@ samples come back to the host in one copy.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -17,15 +18,36 @@ from pipelines.graphs import BUCKETS, GraphRunner, Input
 from pipelines.kv_cache import BatchKV
 from pipelines.types import AudioChunk
 
+from .code2wav import Code2Wav
 from .code2wav_batch import Code2WavSlots
-from .conversation import TurnState
-from .model import Qwen3Omni
-from .stages import Work
+from .work import Turn, Work
+
+
+class SpeakingTurn(Turn, Protocol):
+    """What the codec stage reads and writes of a turn: the frames waiting for it, and where audio goes."""
+
+    turn_id: str
+    frames_out: list[torch.Tensor]  # [Q] codes per frame, oldest first
+    talker_done: bool  # no frame will follow those in frames_out
+    rate: int  # output samples per second
+    audio_done: bool
+    finished: bool
+
+    def on_audio(self, chunk: AudioChunk) -> None: ...
+
+    def maybe_finish(self) -> bool: ...
+
+
+class Speaker(Protocol):
+    """A model that speaks through a Code2Wav-style codec decoder."""
+
+    code2wav: Code2Wav
 
 
 class Code2WavWork(Work):
-    def __init__(self, turn: TurnState) -> None:
+    def __init__(self, turn: SpeakingTurn) -> None:
         super().__init__(turn, f"code2wav:{turn.turn_id}")
+        self.turn: SpeakingTurn = turn
         self.slot: int | None = None  # the stream's state in the decoder, from its first frame
         self.pushed = 0  # frames decoded so far
         self.close_slot: Callable[[int], None] = lambda slot: None
@@ -43,11 +65,11 @@ class Code2WavWork(Work):
 
 
 class Code2WavStep:
-    def __init__(self, model: Qwen3Omni, device: torch.device, dtype: torch.dtype, slots: int = 256,
+    def __init__(self, model: Speaker, device: torch.device, dtype: torch.dtype, slots: int = 256,
                  graphs: bool = False, buckets: tuple[int, ...] = BUCKETS) -> None:
         self.model, self.device = model, device
         self.streams = Code2WavSlots(model.code2wav, slots, device, dtype)
-        q = model.cfg.code2wav.num_quantizers
+        q = model.code2wav.cfg.num_quantizers
         inputs = {"slot": Input((), torch.long, self.streams.scratch), "codes": Input((q,), torch.long, 0)}
         s = self.streams
         self.later = GraphRunner("code2wav", lambda b: {"pcm": s.step(b["slot"], b["codes"])}, inputs, device,

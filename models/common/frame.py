@@ -1,0 +1,50 @@
+"""The frame LM's model side: a talker whose every step makes one multi-codebook codec frame.
+
+The talker's hidden state gives codebook 0 through its codec head; the code predictor (code_predictor.py)
+fills codebooks 1..N-1 of the same frame from that hidden state and the talker's embedding of the
+codebook-0 code; the sum of the frame's code embeddings is the codec part of the talker's next input.
+`FrameTalker` is all of a talker that this, the frame steps (frame_step.py) and the stage
+(frame_stage.py) use: Qwen3-Omni's MoE talker implements it, and so can a dense one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .code_predictor import CodePredictor, Sampler, greedy
+from .layers import KVCache
+
+
+@dataclass(frozen=True)
+class CodecFrame:
+    codes: torch.Tensor  # [B, N] codebooks 0..N-1
+    embed_sum: torch.Tensor  # [B, H] sum of the N codebook embeddings: the next talker input, less its text part
+
+
+class FrameTalker(Protocol):
+    code_predictor: CodePredictor
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    def __call__(self, input_embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        """input_embeds [B, T, H] -> the final normed hidden states [B, T, H]."""
+        ...
+
+    def codec_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[B, H] -> logits over codebook 0 and the codec's control ids [B, V]."""
+        ...
+
+    def embed_codec(self, ids: torch.Tensor) -> torch.Tensor:
+        """Codebook-0 (and control) ids [B] -> the talker's input embeddings [B, H]."""
+        ...
+
+
+def next_frame(talker: FrameTalker, hidden: torch.Tensor, code0: torch.Tensor, sample: Sampler = greedy) -> CodecFrame:
+    """The full frame for codebook-0 code `code0` [B], chosen from the talker's hidden state [B, H]."""
+    code0_embed = talker.embed_codec(code0)
+    rest = talker.code_predictor.predict(hidden, code0_embed, sample)
+    return CodecFrame(torch.cat((code0[:, None], rest.codes), dim=1), code0_embed + rest.embed_sum)

@@ -1,0 +1,132 @@
+"""The frame LM's stage: a talker stream's prompt prefill (`FramePrefill`) and one whole codec frame per
+row per decode step (`FrameStep`), the only compute paths: fixed shapes (a CUDA graph per batch bucket
+when graphs are on), or a prefill too long for them at its own shape, eagerly.
+
+Each talker stream holds a row (slot) of the stage's repetition-penalty state, `seen` [slots + 1, V]:
+the codebook-0 ids it has made, updated on the device by whichever path made the frame. The last row
+is scratch for padding rows. A model's talker stage adds how a turn's prompt is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Protocol
+
+import torch
+
+from pipelines import kv_views
+from pipelines.graphs import GraphRunner, Tensors
+from pipelines.kv_cache import BatchKV, PagedKVCache
+from pipelines.sampling import SamplingParams
+from pipelines.stage import StageConfig
+from pipelines.step_sampling import sampling_rows
+from pipelines.types import GenerationOptions
+
+from .frame import FrameTalker
+from .frame_step import FramePrefill, FrameStep
+from .prefill import InputRows, PrefillCall, Prefills
+from .work import GREEDY, NAN_MESSAGE
+
+
+def greedy_talker(p: SamplingParams) -> SamplingParams:
+    """The reference's greedy talker keeps its repetition penalty (and suppressed ids)."""
+    return SamplingParams(greedy=True, repetition_penalty=p.repetition_penalty)
+
+
+class FrameTurn(Protocol):
+    options: GenerationOptions
+    codes: list[list[int]]  # the frames made so far
+
+    def on_frame(self, codes: list[int], row: torch.Tensor, embed_sum: torch.Tensor, eos: int) -> torch.Tensor | None:
+        """Take a frame; returns the codec part of the stream's next input (None: the stream ends)."""
+        ...
+
+
+class FrameWork(Protocol):
+    key: str  # the stream's KV-cache sequence
+    turn: FrameTurn
+    slot: int | None  # its row of `seen`, from its first step
+    free_slot: Callable[[int], None]
+    next_embed: torch.Tensor | None
+    inputs: InputRows  # every input of the stream, fed or still pending
+
+    def fail(self, code: str, message: str) -> None: ...
+
+
+class FrameStage:
+    def __init__(self, talker: FrameTalker, dtype: torch.dtype, kv: PagedKVCache, sc: StageConfig, eos: int,
+                 suppress: torch.Tensor, slots: int = 1024) -> None:
+        self.device, self.dtype, self.kv, self.eos = torch.device(sc.device), dtype, kv, eos
+        self.suppress = suppress.to(self.device)
+        self.seen = torch.zeros(slots + 1, suppress.shape[0], dtype=torch.bool, device=self.device)
+        self.free = list(range(slots - 1, -1, -1))
+        self.width = sc.graph_blocks
+        step = FrameStep(talker, kv, self.seen, self.suppress, eos)
+        self.graph = GraphRunner("talker", step, step.inputs(dtype, self.width, kv.scratch_slot, slots), self.device,
+                                 sc.buckets, sc.graphs)
+        prefill = FramePrefill(step)
+        self.prefill = Prefills("talker_prefill", prefill, lambda t, w: prefill.inputs(dtype, t, w, slots), kv,
+                                self.device, sc.graphs)
+
+    def capture(self, pool: object | None) -> object | None:
+        return self.prefill.capture(self.graph.capture(pool))
+
+    @property
+    def slots_in_use(self) -> int:
+        return self.seen.shape[0] - 1 - len(self.free)
+
+    def _slots(self, works: list[FrameWork]) -> list[FrameWork]:
+        """Give each work a penalty-state row on its first step; works that get none fail alone."""
+        ready = []
+        for w in works:
+            if w.slot is None:
+                if not self.free:
+                    w.fail("server_busy", f"all {self.seen.shape[0] - 1} talker streams are in use")
+                    continue
+                w.slot, w.free_slot = self.free.pop(), self._free_slot
+            ready.append(w)
+        return ready
+
+    def _free_slot(self, slot: int) -> None:
+        self.seen[slot].zero_()
+        self.free.append(slot)
+
+    def _rows(self, works: list[FrameWork]) -> dict:
+        """Each row's frame number, penalty row and sampling: the inputs decode and prefill share."""
+        opts = [w.turn.options for w in works]
+        return {"frame": [len(w.turn.codes) for w in works], "slot": [w.slot for w in works],
+                "no_eos": [o.ignore_eos for o in opts],
+                **sampling_rows("t", [greedy_talker(o.talker) if o.greedy else o.talker for o in opts]),
+                **sampling_rows("p", [GREEDY if o.greedy else o.predictor for o in opts])}
+
+    def decode(self, works: list[FrameWork]) -> bool:
+        if any(len(self.kv.seqs[w.key].blocks) > self.width for w in works):
+            return False
+        works = self._slots(works)
+        if works:
+            rows = kv_views.rows(self.kv, [w.key for w in works], self.width) | self._rows(works) | {
+                "x": torch.cat([w.inputs.tail(self.kv.length(w.key)) for w in works])}
+            self._commit(works, self.graph(len(works), rows))
+        return True
+
+    def run(self, works: list[FrameWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
+        for call in self.prefill.calls(works, lengths):
+            self._prefill(call)
+
+    def _prefill(self, call: PrefillCall) -> None:
+        ready = {id(w) for w in self._slots([w for w, _ in call.group])}
+        group = [(w, n) for w, n in call.group if id(w) in ready]  # the others failed alone (no stream slot)
+        if not group:
+            return
+        works = [w for w, _ in group]
+        rows = self.prefill.rows(replace(call, group=group), lambda w: w.inputs)
+        self._commit(works, call.runner(len(group), rows | self._rows(works)))
+
+    def _commit(self, works: list[FrameWork], out: Tensors) -> None:
+        rows = torch.cat((out["codes"], out["bad"][:, None].to(out["codes"].dtype)), dim=1).tolist()  # one sync
+        for i, (w, (*codes, bad)) in enumerate(zip(works, rows, strict=True)):
+            if bad:
+                w.fail("internal_error", f"talker: {NAN_MESSAGE}")
+                continue
+            w.next_embed = w.turn.on_frame(codes, out["codes"][i], out["embed_sum"][i], self.eos)

@@ -1,0 +1,39 @@
+"""What every stage's work item shares: the turn it serves and the key of its cache entries.
+
+A Work is typed against the small part of a turn's state that the runtime reads (`Turn`); each model's
+turn state (Qwen3-Omni's conversation.TurnState, say) has more, which its own stages use.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pipelines.sampling import SamplingParams
+
+GREEDY = SamplingParams(greedy=True)
+NAN_MESSAGE = "the model's output is not a number"  # a row whose logits hold a NaN: its turn ends alone
+
+
+class Turn(Protocol):
+    def urgency(self) -> float: ...
+
+    def fail(self, code: str, message: str) -> None: ...
+
+
+class Work:
+    """Common part of a turn's work item in one stage."""
+
+    keep_kv = False
+
+    def __init__(self, turn: Turn, key: str) -> None:
+        self.turn = turn
+        self.key = key
+
+    def urgency(self) -> float:
+        return self.turn.urgency()
+
+    def fail(self, code: str, message: str) -> None:
+        self.turn.fail(code, message)
+
+    def release(self) -> None:
+        """Give back what the work holds beyond its KV cache (called once its turn has ended)."""
