@@ -67,12 +67,10 @@ def test_batched_turns_equal_each_alone(pipeline, baseline, sampled):
         # an audio decoder may run its batch's streams through one convolution: float32 rounds differently per
         # batch size, and random weights amplify it (the Qwen3-Omni decoder is exact in float64)
         np.testing.assert_allclose(a.pcm, b.pcm, atol=5e-3)
-    if sampled:  # really sampled: some turn left the greedy path
-        greedy = [outcome(pipeline.run(Turn(f"g{i}", t.messages, options(spec)), timeout_s=120))
-                  for i, t in enumerate(turns())]
-        for i in range(len(greedy)):
-            pipeline.end_session(f"g{i}")
-        assert any(g.text_ids != a.text_ids or g.codes != a.codes for g, a in zip(greedy, alone, strict=True))
+    if sampled:  # really sampled: the seeded turn left the greedy path
+        greedy = outcome(pipeline.run(Turn("g", turns()[0].messages, options(spec)), timeout_s=120))
+        pipeline.end_session("g")
+        assert (greedy.text_ids, greedy.codes) != (alone[0].text_ids, alone[0].codes)
 
 
 def test_default_config_equals_the_plain_eager_path(pipeline, baseline):

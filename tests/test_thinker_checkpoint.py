@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from models import registry
-from models.qwen3_omni import chat
+from models.common import chat
+from models.common.tokenizer import Tokenizer
 from models.qwen3_omni.audio_features import audio_token_count, log_mel
 from models.qwen3_omni.tiny import random_weights_, tiny_config
-from models.qwen3_omni.tokenizer import Tokenizer
 from pipelines.types import GenerationOptions, Message, TextDelta, Turn, TurnDone, TurnError
 
 TOKENS = 8
