@@ -73,10 +73,11 @@ def test_batched_turns_equal_each_alone(pipeline, baseline, sampled):
         assert (greedy.text_ids, greedy.codes) != (alone[0].text_ids, alone[0].codes)
 
 
-def test_default_config_equals_the_plain_eager_path(pipeline, baseline):
+def test_default_config_equals_graphs_off_and_no_decode_step(pipeline, baseline):
     """The default config (fixed-shape decode steps: CUDA graphs on CUDA, the same steps eagerly on CPU) gives
-    what the plain variable-shape path gives. A stage's `graph_context` of 1 token sends every longer row
-    through the plain path; counting the stages' fixed-shape decodes shows which path ran."""
+    what graphs off with no decode step gives: a stage's `graph_context` of 1 token sends every longer row down
+    the path its fixed-shape decode cannot take (the stage's other step); counting the fixed-shape decodes
+    shows which path ran."""
     spec = pipeline.spec
     overrides = {s.name: {"graph_context": 1} for s in pipeline.stages}
     runs = [(f"e{i}", user(spec, text, 0.7, seed=20 + i), options(spec, None if i == 0 else 30 + i))
