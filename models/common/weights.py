@@ -158,16 +158,22 @@ def load_weights(
     missing = [n for n, p in params.items() if covered.get(n, 0) != p.numel()]
     problems = []
     if bad_shape:
-        problems.append("wrong shape: " + "; ".join(bad_shape))
+        problems.append("wrong shape: " + _some(bad_shape, "; "))
     if unexpected:
-        problems.append(f"unexpected keys (no such parameter under '{prefix}'): " + ", ".join(sorted(unexpected)))
+        problems.append(f"unexpected keys (no such parameter under '{prefix}'): " + _some(sorted(unexpected)))
     if missing:
         partial = [f"{n} ({covered.get(n, 0)}/{params[n].numel()} elements)" for n in missing]
-        problems.append("missing keys (parameters not filled): " + ", ".join(sorted(partial)))
+        problems.append("missing keys (parameters not filled): " + _some(sorted(partial)))
     if problems:
         raise WeightError(f"checkpoint {path} does not match the model:\n  " + "\n  ".join(problems))
     for name, tensor in filled.items():
         _set_param(model, name, tensor)
+
+
+def _some(names: list[str], sep: str = ", ", shown: int = 20) -> str:
+    """The first `shown` of a list of keys, and how many more (a mismatched checkpoint has thousands)."""
+    more = f"{sep}... and {len(names) - shown} more" if len(names) > shown else ""
+    return sep.join(names[:shown]) + more
 
 
 def _set_param(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
