@@ -76,8 +76,9 @@ class Response:
 
     async def run(self, events: AsyncIterator[Event]) -> None:
         message: Item | None = None
-        encoder = OutputEncoder(self.output_format, self.rate)
-        stretch = TimeStretch(self.speed, self.rate) if self.speed != 1 else None
+        speaks = self.rate > 0  # a model that does not speak sends no audio to encode
+        encoder = OutputEncoder(self.output_format, self.rate) if speaks else None
+        stretch = TimeStretch(self.speed, self.rate) if speaks and self.speed != 1 else None
         call_text: list[str] = []
         async for event in events:
             if self.capped and isinstance(event, TextDelta | AudioChunk):
@@ -119,7 +120,7 @@ class Response:
             elif isinstance(event, TurnDone):
                 rest = stretch.flush() if stretch else np.zeros(0, np.float32)
                 self.audio_samples += len(rest) if message is not None else 0
-                tail = encoder.push(rest) + encoder.flush()
+                tail = encoder.push(rest) + encoder.flush() if encoder else b""
                 if tail and message is not None:
                     message.audio_ms = self.audio_ms
                     self.send({"type": "response.output_audio.delta", **self._where(message),
