@@ -36,8 +36,8 @@ from aiohttp import web
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_pipeline import random_program, speech_like  # noqa: E402
-from models.qwen3_omni.audio_features import resample  # noqa: E402
 from pipelines.pipeline import Pipeline  # noqa: E402
+from realtime.pcm import resample  # noqa: E402
 from realtime.server import Server, ServerConfig  # noqa: E402
 from realtime.session import Limits  # noqa: E402
 

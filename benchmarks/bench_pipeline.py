@@ -26,7 +26,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.common.tokenizer import Tokenizer  # noqa: E402
-from models.qwen3_omni.audio_features import resample  # noqa: E402
 from models.qwen3_omni.config import OmniConfig  # noqa: E402
 from models.qwen3_omni.model import random_model  # noqa: E402
 from models.qwen3_omni.placement import PipelineConfig  # noqa: E402
@@ -34,6 +33,7 @@ from models.qwen3_omni.program import Qwen3OmniProgram  # noqa: E402
 from models.qwen3_omni.tiny import FULL_CONFIG, tiny_config  # noqa: E402
 from pipelines.pipeline import Pipeline  # noqa: E402
 from pipelines.types import AudioChunk, GenerationOptions, Message, TextDelta, Turn, TurnDone  # noqa: E402
+from realtime.pcm import resample  # noqa: E402
 
 
 def speech_like(seconds: float) -> torch.Tensor:

@@ -1,12 +1,13 @@
 """OpenAI Realtime GA audio formats: `audio/pcm` (PCM16 LE, 24 kHz), `audio/pcmu` and `audio/pcma` (G.711, 8 kHz).
 
-Input audio is decoded to float32 at the format's own rate and resampled to the model's 16 kHz; output audio comes
-from the pipeline as 24 kHz float PCM and is encoded to the session's output format, optionally chunk by chunk
-with `OutputEncoder`.
+Input audio is decoded to float32 at the format's own rate and resampled to the model's input rate; output audio
+comes from the pipeline as float PCM at the model's output rate and is encoded to the session's output format,
+optionally chunk by chunk with `OutputEncoder`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -14,11 +15,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from models.qwen3_omni.audio_features import float_to_g711, float_to_pcm16, g711_to_float, pcm16_to_float, resample
+from .pcm import float_to_g711, float_to_pcm16, g711_to_float, half_width, pcm16_to_float, resample
 
-MODEL_RATE = 16000
-OUTPUT_RATE = 24000
-_RATES = {"audio/pcm": 24000, "audio/pcmu": 8000, "audio/pcma": 8000}
+_RATES = {"audio/pcm": 24000, "audio/pcmu": 8000, "audio/pcma": 8000}  # the wire formats' rates (the protocol's)
 _LAW: dict[str, Literal["ulaw", "alaw"]] = {"audio/pcmu": "ulaw", "audio/pcma": "alaw"}
 _LEGACY = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}  # beta protocol names
 
@@ -81,70 +80,75 @@ def decode(data: bytes, fmt: AudioFormat) -> torch.Tensor:
     return g711_to_float(data, _LAW[fmt.type])
 
 
-def to_model_rate(x: torch.Tensor, fmt: AudioFormat) -> torch.Tensor:
-    """Decoded samples at the format's rate -> 16 kHz for the model."""
-    return resample(x, fmt.rate, MODEL_RATE) if len(x) else x
+def to_model_rate(x: torch.Tensor, fmt: AudioFormat, rate: int) -> torch.Tensor:
+    """Decoded samples at the format's rate -> the model's input `rate`."""
+    return resample(x, fmt.rate, rate) if len(x) else x
 
 
-def encode(pcm24k: np.ndarray | torch.Tensor, fmt: AudioFormat) -> bytes:
-    """24 kHz float PCM from the pipeline -> bytes in `fmt` (one whole signal; see OutputEncoder for streaming)."""
-    x = _tensor(pcm24k)
-    if fmt.type == "audio/pcm" or not len(x):
-        return float_to_pcm16(x)
-    return float_to_g711(resample(x, OUTPUT_RATE, fmt.rate), _LAW[fmt.type])
+def _codec(x: torch.Tensor, fmt: AudioFormat) -> bytes:
+    return float_to_pcm16(x) if fmt.type == "audio/pcm" else float_to_g711(x, _LAW[fmt.type])
+
+
+def encode(pcm: np.ndarray | torch.Tensor, fmt: AudioFormat, rate: int) -> bytes:
+    """Float PCM at `rate` (the model's output rate) -> bytes in `fmt` (one whole signal; see OutputEncoder)."""
+    x = _tensor(pcm)
+    return _codec(resample(x, rate, fmt.rate) if len(x) else x, fmt)
 
 
 class OutputEncoder:
     """Streaming `encode`: `push` chunks, then `flush` once; the bytes concatenate to `encode(whole signal)`.
 
-    PCM16 is per sample, so it is exact with no delay. For G.711 the 24k -> 8k resampler's output sample j (at
-    input time 3j) reads input samples 3j - h .. 3j + h (h = 103 for the 32-zero-crossing kernel). The encoder
-    keeps `_CONTEXT` >= h samples of history, emits an output sample only once its whole right support has arrived
-    (a hold-back of ~_CONTEXT / 24 ms) and, on flush, the rest with zeros beyond the end as the whole-signal
-    resample does. Each emitted sample therefore sees exactly the inputs it would see in one-shot resampling:
-    no chunk-edge clicks, and only float summation order could differ (tests/test_realtime_audio.py measures it:
-    identical bytes for chunks of 1 to 2000 samples, where encoding the same chunks independently changes >100).
+    Without a rate change it is per sample: exact with no delay. Otherwise the resampler works in blocks: per `_in`
+    input samples it makes `_out` output samples (24k -> 8k: 3 -> 1), and a block reads `half` (its kernel's
+    half-width; 103 for 24k -> 8k) input samples either side. The encoder keeps `_context` >= half samples of
+    history (a whole number of blocks), emits a block only once its whole right support has arrived (a hold-back of
+    ~_context samples) and, on flush, the rest with zeros beyond the end as the whole-signal resample does. Each
+    emitted sample therefore sees exactly the inputs it would see in one-shot resampling: no chunk-edge clicks, and
+    only float summation order could differ (tests/test_realtime_audio.py measures it: identical bytes for chunks
+    of 1 to 2000 samples, where encoding the same chunks independently changes >100).
     """
 
-    _CONTEXT = 120  # input samples kept either side; a multiple of the 3:1 ratio, >= the kernel half-width
-
-    def __init__(self, fmt: AudioFormat) -> None:
-        self.fmt = fmt
-        self._ratio = OUTPUT_RATE // fmt.rate
+    def __init__(self, fmt: AudioFormat, rate: int) -> None:
+        self.fmt, self.rate = fmt, rate
+        g = math.gcd(rate, fmt.rate)
+        self._in, self._out = rate // g, fmt.rate // g
+        self._context = -(-half_width(rate, fmt.rate) // self._in) * self._in
         self.reset()
 
     def reset(self) -> None:
-        self._buf = torch.zeros(self._CONTEXT)  # input samples from absolute time _start on (zeros before 0)
-        self._start = -self._CONTEXT
+        self._buf = torch.zeros(self._context)  # input samples from absolute time _start on (zeros before 0)
+        self._start = -self._context
         self._received = 0
         self._next = 0  # next output sample to emit
 
-    def push(self, pcm24k: np.ndarray | torch.Tensor) -> bytes:
-        x = _tensor(pcm24k)
-        if self.fmt.type == "audio/pcm":
-            return float_to_pcm16(x)
+    def push(self, pcm: np.ndarray | torch.Tensor) -> bytes:
+        x = _tensor(pcm)
+        if self.rate == self.fmt.rate:
+            return _codec(x, self.fmt)
         self._buf = torch.cat([self._buf, x])
         self._received += len(x)
-        ready = max(0, (self._received - 1 - self._CONTEXT) // self._ratio + 1)
-        return self._emit(ready)
+        blocks = max(0, (self._received - self._in - self._context) // self._in + 1)
+        return self._emit(blocks * self._out)
 
     def flush(self) -> bytes:
         """The held-back tail; the encoder is then ready for a new signal."""
-        out = b"" if self.fmt.type == "audio/pcm" else self._emit(-(-self._received // self._ratio))
+        out = b"" if self.rate == self.fmt.rate else self._emit(-(-self._received * self._out // self._in))
         self.reset()
         return out
 
     def _emit(self, end: int) -> bytes:
         if end <= self._next:
             return b""
-        r, c = self._ratio, self._CONTEXT
-        lo = r * self._next - c - self._start
-        hi = min(self._received, r * (end - 1) + c + 1) - self._start
-        y = resample(self._buf[lo:hi], OUTPUT_RATE, self.fmt.rate)[c // r : c // r + end - self._next]
+        a, b, c = self._in, self._out, self._context
+        first = self._next // b  # the first block to compute
+        lo = a * first - c - self._start
+        hi = min(self._received, a * -(-end // b) + c) - self._start
+        skip = c // a * b + self._next - first * b
+        y = resample(self._buf[lo:hi], self.rate, self.fmt.rate)[skip : skip + end - self._next]
         self._next = end
-        keep = r * end - c - self._start
+        keep = a * (end // b) - c - self._start
         self._buf, self._start = self._buf[keep:], self._start + keep
-        return float_to_g711(y, _LAW[self.fmt.type])
+        return _codec(y, self.fmt)
 
 
 class TimeStretch:
@@ -153,13 +157,14 @@ class TimeStretch:
     Output frames of N = 40 ms are Hann-windowed and overlap-added every N/2; the k-th one is read from the
     input near k * N/2 * speed, shifted by up to +-10 ms to where it best continues the previous frame's
     natural continuation (the highest cross-correlation), so periods line up and the pitch is kept.
-    `push` chunks of 24 kHz audio, then `flush` once: the output is about len(input) / speed samples, and
+    `push` chunks of audio at `rate`, then `flush` once: the output is about len(input) / speed samples, and
     it does not depend on how the input was chunked (each frame waits until all the input it reads exists).
     """
 
-    N, DELTA = 960, 240  # frame and search tolerance, in samples at 24 kHz
+    FRAME_MS, DELTA_MS = 40, 10  # frame and search tolerance
 
-    def __init__(self, speed: float) -> None:
+    def __init__(self, speed: float, rate: int) -> None:
+        self.N, self.DELTA = rate * self.FRAME_MS // 1000 // 2 * 2, rate * self.DELTA_MS // 1000
         self.speed, self.hop = speed, self.N // 2
         self._window = torch.hann_window(self.N, periodic=True)
         self._buf, self._base = torch.zeros(self.DELTA), -self.DELTA  # input from absolute sample _base on

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import logs
 
-TINY_REPLY_TOKENS, TINY_REPLY_FRAMES = 32, 50  # the tiny random model never stops by itself: 4 s of speech
+TINY_REPLY_TOKENS, TINY_REPLY_FRAMES = 32, 50  # a tiny random model never stops by itself
 
 
 class UsageError(Exception):
@@ -47,14 +47,15 @@ def package_version() -> str:
 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny", help="checkpoint directory, or 'tiny' for the built-in test model")
+    p.add_argument("--model", default="tiny", help="checkpoint directory, or a built-in tiny test model's preset "
+                   "name ('tiny')")
     p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="weights and activations (default: bfloat16 on cuda, float32 on cpu)")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="run every step eagerly on CUDA (default: capture the fixed-shape steps at start)")
     p.add_argument("--kv-cache-gib", type=float, default=None,
-                   help="GiB for the thinker and talker KV caches on CUDA (default: what is free after the "
+                   help="GiB for the model's KV caches on CUDA (default: what is free after the "
                         "weights, less 10 GiB)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level")
     p.add_argument("--log-json", action="store_true", help="log one JSON object per line")
@@ -62,7 +63,8 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="omni-realtime", description="Qwen3-Omni realtime voice server")
+    ap = argparse.ArgumentParser(prog="omni-realtime", description="Realtime voice server for speech models "
+                                 "(the OpenAI Realtime protocol)")
     ap.add_argument("--version", action="version", version=f"omni-realtime {package_version()}")
     sub = ap.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the OpenAI-Realtime-compatible WebSocket server",
@@ -70,7 +72,7 @@ def parser() -> argparse.ArgumentParser:
                            description="Serve the Realtime protocol at /v1/realtime and the browser demo at /. "
                                        f"With --model tiny a reply stops after {TINY_REPLY_TOKENS} text tokens "
                                        "(unless the client sets max_output_tokens) and "
-                                       f"{TINY_REPLY_FRAMES * 80 / 1000:g} s of speech; checkpoints keep the "
+                                       f"{TINY_REPLY_FRAMES} codec frames of speech; checkpoints keep the "
                                        "model's limits (1024 tokens, 120 s).")
     add_common_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
@@ -83,7 +85,8 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")
     serve.add_argument("--max-sessions", type=int, default=32, help="beyond this, new sockets close with 1013")
     serve.add_argument("--max-session-minutes", type=float, default=60.0, help="a session's longest life")
-    serve.add_argument("--model-name", default="qwen3-omni", help="the model id that /v1/models reports")
+    serve.add_argument("--model-name", default="", help="the model id that /v1/models reports (default: the "
+                       "model's own name)")
     serve.add_argument("--api-key-file", help="read the key from this file (keeps it out of `ps`)")
     serve.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1),
                        help="torch CPU threads (default: min(4, cores)); audio work uses 2 more")
@@ -96,20 +99,25 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--audio", help="input WAV (16-bit PCM or float32, any rate, mono or stereo)")
     gen.add_argument("--text", default="", help="user text (after the audio, when both are given)")
     gen.add_argument("--system", default=None, help="system prompt (default: none)")
-    gen.add_argument("--speaker", default="ethan", help="voice (ethan, chelsie, aiden)")
+    gen.add_argument("--voice", "--speaker", default="", help="one of the model's voices (default: its default "
+                     "voice; an unknown name is an error that lists them)")
     gen.add_argument("--greedy", action="store_true", help="argmax decoding in every stage (reproducible)")
     gen.add_argument("--seed", type=int, default=0, help="sampling seed")
     gen.add_argument("--max-text-tokens", type=int, default=512, help="stop the reply text after N tokens")
-    gen.add_argument("--max-frames", type=int, default=1500, help="stop the speech after M codec frames (80 ms each)")
-    gen.add_argument("--no-audio", action="store_true", help="text reply only (no talker, no Code2Wav)")
-    gen.add_argument("--out", help="write the reply's speech here (24 kHz 16-bit WAV)")
+    gen.add_argument("--max-frames", type=int, default=1500, help="stop the speech after M codec frames")
+    gen.add_argument("--no-audio", action="store_true", help="text reply only (a model that does not speak always "
+                     "replies in text)")
+    gen.add_argument("--out", help="write the reply's speech here (16-bit WAV at the "
+                     "model's output rate)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with ids, codes and timings")
     return ap
 
 
 def check_model(model: str) -> None:
     """Fail early, naming the file, on a model path that cannot load."""
-    if model == "tiny":
+    from models.registry import presets
+
+    if model in presets():
         return
     path = Path(model)
     if not path.is_dir():
@@ -132,26 +140,29 @@ def build(args: argparse.Namespace):
 
 
 def generate(args: argparse.Namespace) -> int:
-    from models.qwen3_omni.audio_features import resample
     from pipelines.types import AudioChunk, GenerationOptions, Message, TextDelta, Turn, TurnDone, TurnError
 
+    from .pcm import resample
     from .wav import read_wav, write_wav
 
     messages = []
     if args.system:
         messages.append(Message("system", args.system))
-    audio = None
-    if args.audio:
-        samples, rate = read_wav(args.audio)
-        audio = resample(samples, rate, 16000) if rate != 16000 else samples
-    if audio is None and not args.text:
+    samples, rate = read_wav(args.audio) if args.audio else (None, 0)
+    if samples is None and not args.text:
         raise UsageError("give --audio, --text or both")
-    messages.append(Message("user", args.text, audio))
-    opts = GenerationOptions(
-        audio=not args.no_audio, voice=args.speaker, greedy=args.greedy, seed=args.seed,
-        max_text_tokens=args.max_text_tokens, max_frames=args.max_frames,
-    )
     with build(args) as pipeline:
+        spec = pipeline.spec
+        if samples is not None and not spec.hears:
+            raise UsageError(f"--audio: this model ({spec.name}) takes no audio input")
+        if args.out and not spec.speaks:
+            raise UsageError(f"--out: this model ({spec.name}) does not speak; it replies in text")
+        audio = None if samples is None else resample(samples, rate, spec.input_rate)
+        messages.append(Message("user", args.text, audio))
+        opts = GenerationOptions(
+            audio=spec.speaks and not args.no_audio, voice=args.voice, greedy=args.greedy, seed=args.seed,
+            max_text_tokens=args.max_text_tokens, max_frames=args.max_frames,
+        )
         events = pipeline.run(Turn("cli", messages, opts))
     end = events[-1]
     if isinstance(end, TurnError):
@@ -161,11 +172,11 @@ def generate(args: argparse.Namespace) -> int:
     pcm = [e.pcm for e in events if isinstance(e, AudioChunk)]
     wav = np.concatenate(pcm) if pcm else np.zeros(0, dtype=np.float32)
     if args.out:
-        write_wav(args.out, wav)
+        write_wav(args.out, wav, spec.output_rate)
     if args.json:
         print(json.dumps({
             "text": end.text, "text_ids": list(end.text_ids), "codes": [list(c) for c in end.codes],
-            "audio_seconds": len(wav) / 24000, "status": end.status,
+            "audio_seconds": len(wav) / spec.output_rate if spec.speaks else 0.0, "status": end.status,
             "time_to_first_audio_ms": end.timings.get("first_audio_ms"), "rtf": end.timings.get("rtf"),
             "timings": end.timings,
         }))
@@ -238,8 +249,8 @@ def serve(args: argparse.Namespace) -> int:
     ssl_context = tls(args)
     sock = listen(args.host, args.port)
     pipeline = build(args)
-    limits = Limits(max_text_tokens=TINY_REPLY_TOKENS, max_frames=TINY_REPLY_FRAMES) if args.model == "tiny" \
-        else Limits()
+    limits = Limits(max_text_tokens=TINY_REPLY_TOKENS, max_frames=TINY_REPLY_FRAMES) \
+        if args.model == pipeline.spec.tiny else Limits()
     cfg = ServerConfig(model_name=args.model_name, api_key=key or None, max_sessions=args.max_sessions,
                        max_session_s=args.max_session_minutes * 60, limits=limits, bind_host=args.host,
                        allowed_origins=origins, max_sessions_per_client=args.max_sessions_per_client)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .audio import MODEL_RATE, OUTPUT_RATE, AudioFormat, decode, encode, resample, to_model_rate
+from .audio import AudioFormat, decode, encode, to_model_rate
 from .protocol import ProtocolError
 from .vad import ServerVad
 
@@ -28,12 +28,12 @@ def decode_append(
         return pcm, []
     if arm_idle is not None:
         vad.arm_idle(vad.position_ms + arm_idle)
-    return pcm, vad.push(to_model_rate(pcm, fmt))
+    return pcm, vad.push(to_model_rate(pcm, fmt, vad.rate))
 
 
-def encoded(audio_16k: torch.Tensor, fmt: AudioFormat) -> str:
-    """A user item's audio (kept at the model's rate) as base64 in the session's input format."""
-    return base64.b64encode(encode(resample(audio_16k, MODEL_RATE, OUTPUT_RATE), fmt)).decode()
+def encoded(audio: torch.Tensor, fmt: AudioFormat, rate: int) -> str:
+    """A user item's audio (kept at the model's input `rate`) as base64 in the session's input format."""
+    return base64.b64encode(encode(audio, fmt, rate)).decode()
 
 
 @dataclass

@@ -64,8 +64,9 @@ def user_audio_item(item_id: str, audio: torch.Tensor) -> Item:
     return Item(data, audio=audio)
 
 
-def item_from_client(raw: dict, input_format: AudioFormat) -> Item:
-    """A conversation.item.create payload, validated."""
+def item_from_client(raw: dict, input_format: AudioFormat, rate: int) -> Item:
+    """A conversation.item.create payload, validated; its audio resampled to the model's input `rate` (0: the
+    model hears no audio)."""
     if not isinstance(raw, dict):
         raise ProtocolError("invalid_type", "item must be an object", "item")
     kind = raw.get("type")
@@ -110,12 +111,15 @@ def item_from_client(raw: dict, input_format: AudioFormat) -> Item:
             raise ProtocolError("invalid_type", f"item.content[{i}].{clip(bad[0])} must be a string",
                                 f"item.content[{i}].{clip(bad[0])}")
         if ptype == "input_audio":
+            if not rate:
+                raise ProtocolError("invalid_value", "This model does not take audio input.",
+                                    f"item.content[{i}].type")
             try:
                 pcm = decode(base64.b64decode(part.get("audio") or "", validate=True), input_format)
             except (ValueError, TypeError) as e:
                 raise ProtocolError("invalid_value", f"Invalid audio: {clip(str(e), 200)}",
                                     f"item.content[{i}].audio") from None
-            audio.append(to_model_rate(pcm, input_format))
+            audio.append(to_model_rate(pcm, input_format, rate))
             parts.append({"type": "input_audio", "transcript": part.get("transcript")})
         else:
             parts.append(copy.deepcopy(part))

@@ -60,7 +60,7 @@ def response_done(session_id: str, response) -> None:
     event("response", logging.WARNING if response.status == "failed" else logging.INFO, session=session_id,
           response=response.id, status=response.status, reason=response.reason, error=error,
           ttfa_ms=None if response.first_audio_s is None else round(response.first_audio_s * 1000),
-          audio_s=round(response.audio_samples / 24000, 2))
+          audio_s=round(response.audio_ms / 1000, 2))
 
 
 class SessionTrail:

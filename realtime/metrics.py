@@ -27,10 +27,12 @@ class EngineStats:
 
 def engine_stats(pipeline: Pipeline) -> EngineStats:
     """Read the engine's counters. Runs on the engine thread: `pipeline.request(lambda: engine_stats(p))`."""
-    stages = pipeline.program.stages
+    stages, cached = pipeline.stages, [s for s in pipeline.stages if s.kv is not None]
+    for s in cached:
+        s.kv.check()  # a scrape also checks every cache's integrity, as Pipeline.kv_check does
     return EngineStats(
-        kv_used=pipeline.program.kv_check(),
-        kv_total={s.name: s.kv.layout.num_blocks for s in stages if s.kv is not None},
+        kv_used={s.name: s.kv.layout.num_blocks - s.kv.num_free for s in cached},
+        kv_total={s.name: s.kv.layout.num_blocks for s in cached},
         steps={s.name: s.runner.steps for s in stages},
         busy_s={s.name: s.runner.busy_s for s in stages},
     )

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from pipelines.spec import ModelSpec
+
 from .audio import AudioFormat
 from .vad import VadConfig
 
@@ -112,9 +114,6 @@ def client_event_id(event: dict) -> str | None:
     return clip(value) if isinstance(value, str) else None
 
 
-SPEAKERS = ("ethan", "chelsie", "aiden")
-DEFAULT_VOICE = "ethan"
-
 SERVER_VAD_DEFAULTS = {
     "type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500,
     "idle_timeout_ms": None, "create_response": True, "interrupt_response": True,
@@ -123,14 +122,15 @@ SEMANTIC_VAD_DEFAULTS = {"type": "semantic_vad", "eagerness": "auto", "create_re
                          "interrupt_response": True}
 
 
-def default_session(model: str, session_id: str | None = None) -> dict:
+def default_session(model: str, spec: ModelSpec, session_id: str | None = None) -> dict:
+    """A new session's config: spoken replies in the model's default voice if it speaks, else text."""
     return {
         "type": "realtime", "object": "realtime.session", "id": session_id or new_id("sess"), "model": model,
-        "output_modalities": ["audio"], "instructions": "",
+        "output_modalities": ["audio" if spec.speaks else "text"], "instructions": "",
         "audio": {
-            "input": {"format": {"type": "audio/pcm", "rate": 24000}, "transcription": None,
+            "input": {"format": AudioFormat().to_config(), "transcription": None,
                       "noise_reduction": None, "turn_detection": dict(SERVER_VAD_DEFAULTS)},
-            "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": DEFAULT_VOICE, "speed": 1.0},
+            "output": {"format": AudioFormat().to_config(), "voice": spec.default_voice or None, "speed": 1.0},
         },
         "tools": [], "tool_choice": "auto", "max_output_tokens": "inf", "tracing": None, "truncation": "auto",
         "prompt": None, "include": None, "parallel_tool_calls": True, "reasoning": None,
@@ -304,7 +304,7 @@ TRANSCRIPTION_SCHEMA: dict = {"type": _session_type, "include": _include,
                               "audio": {"input": SCHEMA["audio"]["input"]}}
 
 
-def update_session(current: dict, update: Any, model: str) -> dict:
+def update_session(current: dict, update: Any, model: str, spec: ModelSpec) -> dict:
     """A `session.update` applied to the session config: a change of `type` starts from that type's
     defaults (keeping the id and the input audio config); the whole update is validated first."""
     if not isinstance(update, dict):
@@ -317,7 +317,7 @@ def update_session(current: dict, update: Any, model: str) -> dict:
         if kind == "transcription":
             base = default_transcription_session(current["id"], audio_input)
         else:
-            base = default_session(model, current["id"])
+            base = default_session(model, spec, current["id"])
             base["audio"]["input"].update(copy.deepcopy(audio_input))
     return merge_update(base, update, SCHEMA if kind == "realtime" else TRANSCRIPTION_SCHEMA)
 
@@ -358,12 +358,6 @@ def check_metadata(value: Any, where: str) -> None:
         _string_map(value)
     except ValueError as e:
         raise ProtocolError("invalid_value", f"Invalid value for '{where}': {e}.", where) from None
-
-
-def speaker_for(voice: Any) -> str:
-    """Our speakers by name; any other voice (OpenAI's alloy, marin, ...) maps to the default."""
-    name = voice.get("id") if isinstance(voice, dict) else voice
-    return name.lower() if isinstance(name, str) and name.lower() in SPEAKERS else DEFAULT_VOICE
 
 
 def require(event: dict, key: str, kind: type | tuple[type, ...] = str) -> Any:

@@ -50,6 +50,12 @@ class Response:
     frames: int = 0
     capped: bool = False
     speed: float = 1.0  # audio.output.speed: the audio is time-scaled, its pitch kept
+    rate: int = 0  # Hz of the model's audio (its output rate)
+
+    @property
+    def audio_ms(self) -> int:
+        """Of the model's audio sent so far (before the time-scaling)."""
+        return self.audio_samples * 1000 // self.rate if self.rate else 0
 
     def shell(self) -> dict:
         out = {"id": self.id, "object": "realtime.response", "status": self.status,
@@ -70,8 +76,9 @@ class Response:
 
     async def run(self, events: AsyncIterator[Event]) -> None:
         message: Item | None = None
-        encoder = OutputEncoder(self.output_format)
-        stretch = TimeStretch(self.speed) if self.speed != 1 else None
+        speaks = self.rate > 0  # a model that does not speak sends no audio to encode
+        encoder = OutputEncoder(self.output_format, self.rate) if speaks else None
+        stretch = TimeStretch(self.speed, self.rate) if speaks and self.speed != 1 else None
         call_text: list[str] = []
         async for event in events:
             if self.capped and isinstance(event, TextDelta | AudioChunk):
@@ -107,15 +114,15 @@ class Response:
                     if self.on_audio_start:
                         self.on_audio_start(self.first_audio_s)
                 self.audio_samples += len(pcm)
-                message.audio_ms = self.audio_samples * 1000 // 24000
+                message.audio_ms = self.audio_ms
                 self.send({"type": "response.output_audio.delta", **self._where(message),
                            "delta": base64.b64encode(data).decode()})
             elif isinstance(event, TurnDone):
                 rest = stretch.flush() if stretch else np.zeros(0, np.float32)
                 self.audio_samples += len(rest) if message is not None else 0
-                tail = encoder.push(rest) + encoder.flush()
+                tail = encoder.push(rest) + encoder.flush() if encoder else b""
                 if tail and message is not None:
-                    message.audio_ms = self.audio_samples * 1000 // 24000
+                    message.audio_ms = self.audio_ms
                     self.send({"type": "response.output_audio.delta", **self._where(message),
                                "delta": base64.b64encode(tail).decode()})
                 if event.tool_calls or event.invalid_tool_calls:

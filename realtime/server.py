@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -35,7 +35,7 @@ INVALID_KEY = {"error": {"message": "Invalid API key", "type": "invalid_request_
 
 @dataclass(frozen=True)
 class ServerConfig:
-    model_name: str = "qwen3-omni"
+    model_name: str = ""  # the model id /v1/models reports ("": the model's own name, its spec's)
     api_key: str | None = None
     max_sessions: int = 32
     max_sessions_per_client: int = 16  # per client address
@@ -80,7 +80,7 @@ class Outbox:
 
 class Server:
     def __init__(self, pipeline: Pipeline, cfg: ServerConfig) -> None:
-        self.pipeline, self.cfg = pipeline, cfg
+        self.pipeline, self.cfg = pipeline, cfg if cfg.model_name else replace(cfg, model_name=pipeline.spec.name)
         self.metrics = Metrics()
         self.started = time.time()
         self.gate = Gate(cfg.api_key, cfg.allowed_origins, is_loopback(cfg.bind_host))
@@ -140,7 +140,7 @@ class Server:
         body: dict = {"status": "ok" if ok else "engine_stopped"}
         if self.cfg.api_key and self._authorized(request, None):
             body |= {"model": self.cfg.model_name, "sessions": self.metrics.sessions,
-                     "capacity": self.pipeline.program.capacity(),
+                     "capacity": self.pipeline.capacity(),
                      "last_error": None if self.pipeline.error is None else repr(self.pipeline.error)}
         return web.json_response(body, status=200 if ok else 503)
 
@@ -148,7 +148,7 @@ class Server:
         if not self._authorized(request, None):
             return web.json_response(INVALID_KEY, status=401)
         model = {"id": self.cfg.model_name, "object": "model", "created": int(self.started),
-                 "owned_by": "omni-realtime"}
+                 "owned_by": "omni-realtime", "capabilities": self.pipeline.spec.capabilities()}
         return web.json_response({"object": "list", "data": [model]})
 
     async def metrics_text(self, request: web.Request) -> web.Response:
@@ -171,6 +171,8 @@ class Server:
         key_protocol = next((p for p in offered if p.startswith(KEY_PROTOCOL)), None)
         if not self._authorized(request, key_protocol):
             return web.json_response(INVALID_KEY, status=401)
+        if request.query.get("intent") == "transcription" and not self.pipeline.spec.transcribes:
+            return _refuse(400, "invalid_value", f"This model ({self.cfg.model_name}) cannot transcribe audio.")
         ws = web.WebSocketResponse(protocols=["realtime"] if "realtime" in offered else (), heartbeat=30,
                                    max_msg_size=MAX_EVENT_CHARS, timeout=self.cfg.close_timeout_s)
         await ws.prepare(request)

@@ -19,6 +19,7 @@ from pipelines.types import Event, GenerationOptions, Message, Turn, TurnError
 
 from . import logs
 from .audio import AudioFormat, to_model_rate
+from .capabilities import check_config, model_voice
 from .input_audio import AppendRate, decode_append, encoded
 from .items import Conversation, Item, item_from_client, to_messages, user_audio_item
 from .metrics import Metrics
@@ -32,7 +33,6 @@ from .protocol import (
     new_id,
     parse_event,
     require,
-    speaker_for,
     update_session,
 )
 from .response import Response
@@ -59,8 +59,8 @@ class Limits:
     max_items: int = 4096  # conversation items kept per session
 
 
-def _items_from_client(raws: list, fmt: AudioFormat) -> list[Item]:
-    return [item_from_client(raw, fmt) for raw in raws]
+def _items_from_client(raws: list, fmt: AudioFormat, rate: int) -> list[Item]:
+    return [item_from_client(raw, fmt, rate) for raw in raws]
 
 
 class RealtimeSession:
@@ -74,9 +74,9 @@ class RealtimeSession:
         self.append_rate = AppendRate(limits.max_appends_per_s, limits.append_burst)
         self._arm_idle: int | None = None
         self.model = model
-        self.config = default_session(model)
+        self.config = default_session(model, pipeline.spec)
         if intent == "transcription":
-            self.config = update_session(self.config, {"type": "transcription"}, model)
+            self.config = update_session(self.config, {"type": "transcription"}, model, pipeline.spec)
         self.conversation = Conversation()
         self.buffer: list[torch.Tensor] = []  # input audio at the input format's rate
         self.buffer_ms = 0.0
@@ -133,7 +133,8 @@ class RealtimeSession:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     async def session_update(self, event: dict) -> None:
-        self.config = update_session(self.config, require(event, "session", dict), self.model)
+        config = update_session(self.config, require(event, "session", dict), self.model, self.pipeline.spec)
+        self.config = check_config(config, self.pipeline.spec)
         self._reset_vad()
         self.send({"type": "session.updated", "session": self.config})
 
@@ -210,7 +211,7 @@ class RealtimeSession:
             return False
         buffer, fmt = self.buffer, self.input_format
         self._clear_buffer()
-        audio = await self._off(lambda: to_model_rate(torch.cat(buffer), fmt))
+        audio = await self._off(lambda: to_model_rate(torch.cat(buffer), fmt, self.pipeline.spec.input_rate))
         self.committed_at = time.perf_counter()
         item = user_audio_item(item_id, audio)
         prev = self.conversation.insert(item)
@@ -235,7 +236,7 @@ class RealtimeSession:
         if len(self.conversation.items) >= self.limits.max_items:
             raise ProtocolError("conversation_full", f"The conversation holds {self.limits.max_items} items; "
                                 "delete some first.")
-        item, = await self._off(_items_from_client, [raw], self.input_format)
+        item, = await self._off(_items_from_client, [raw], self.input_format, self.pipeline.spec.input_rate)
         if any(i.id == item.id for i in self.conversation.items):
             raise ProtocolError("invalid_value", f"Item {clip(item.id)} already exists.", "item.id")
         prev = self.conversation.insert(item, event.get("previous_item_id"))
@@ -246,7 +247,7 @@ class RealtimeSession:
         item = self.conversation.get(require(event, "item_id"))
         data = item.data
         if item.audio is not None and data.get("role") == "user":  # the user's audio, in the session's format
-            audio = await self._off(encoded, item.audio, self.input_format)
+            audio = await self._off(encoded, item.audio, self.input_format, self.pipeline.spec.input_rate)
             data = {**data, "content": [{**p, "audio": audio} if p["type"] == "input_audio" else p
                                         for p in data["content"]]}
         self.send({"type": "conversation.item.retrieved", "item": data})
@@ -275,8 +276,8 @@ class RealtimeSession:
         if item.turn_id is not None:
             try:
                 heard_ms = int(end_ms * item.speed)  # of the model's audio, before the time-scaling
-                text, rolled_back = await asyncio.wrap_future(self.pipeline.request(
-                    lambda: self.pipeline.program.truncate_reply(self.pipe_session, item.turn_id, heard_ms)))
+                text, rolled_back = await asyncio.wrap_future(
+                    self.pipeline.truncate_reply(self.pipe_session, item.turn_id, heard_ms))
                 item.data["content"][0]["transcript"] = text
             except KeyError:
                 pass
@@ -301,7 +302,7 @@ class RealtimeSession:
         if inputs is not None:
             if not isinstance(inputs, list) or len(inputs) > self.limits.max_items:
                 raise ProtocolError("invalid_type", "'response.input' must be a list of items", "response.input")
-            inputs = await self._off(_items_from_client, inputs, self.input_format)
+            inputs = await self._off(_items_from_client, inputs, self.input_format, self.pipeline.spec.input_rate)
             if self.response is not None:  # a turn-detected response started meanwhile
                 raise ProtocolError("conversation_already_has_active_response",
                                     f"Conversation already has an active response in progress: {self.response.id}.")
@@ -328,7 +329,7 @@ class RealtimeSession:
         overrides = {k: spec[k] for k in ("instructions", "output_modalities", "tools", "tool_choice",
                                           "max_output_tokens", "audio", "prompt", "tracing", "reasoning",
                                           "parallel_tool_calls") if k in spec}
-        cfg = merge_update(self.config, overrides, path="response")
+        cfg = check_config(merge_update(self.config, overrides, path="response"), self.pipeline.spec, "response")
         if spec.get("conversation", "auto") not in ("auto", "none"):
             raise ProtocolError("invalid_value", "conversation must be 'auto' or 'none'", "response.conversation")
         check_metadata(spec.get("metadata"), "response.metadata")
@@ -341,7 +342,7 @@ class RealtimeSession:
         limit = cfg["max_output_tokens"]
         modality = cfg["output_modalities"][0]
         opts = GenerationOptions(
-            audio=modality == "audio", voice=speaker_for(cfg["audio"]["output"]["voice"]),
+            audio=modality == "audio", voice=model_voice(cfg["audio"]["output"]["voice"], self.pipeline.spec),
             max_text_tokens=self.limits.max_text_tokens if limit == "inf" else limit,
             max_frames=self.limits.max_frames if limit == "inf" else min(limit, self.limits.max_frames),
             tools=tuple(cfg["tools"]) if cfg["tool_choice"] != "none" else (),
@@ -351,7 +352,7 @@ class RealtimeSession:
         response = Response(self.send, None if out_of_band else self.conversation, modality,
                             AudioFormat.from_config(cfg["audio"]["output"]["format"]),
                             cfg["audio"]["output"]["voice"], limit, spec.get("metadata"), turn_id=turn.turn_id,
-                            started=self.committed_at or time.perf_counter())
+                            started=self.committed_at or time.perf_counter(), rate=self.pipeline.spec.output_rate)
         response.on_audio_start = self.metrics.first_audio
         response.speed = float(cfg["audio"]["output"]["speed"])
         response.on_cap = lambda: self.pipeline.abort(response.turn_id)
@@ -422,7 +423,7 @@ class RealtimeSession:
             else:
                 self.sent.extend(i.id for i in response.items)
             if response.audio_samples:
-                self.metrics.rtf((time.perf_counter() - start) / (response.audio_samples / 24000))
+                self.metrics.rtf((time.perf_counter() - start) / (response.audio_samples / response.rate))
             logs.response_done(self.config["id"], response)
             if self.response is response:
                 self.response = None
@@ -437,7 +438,7 @@ class RealtimeSession:
                     self.send(SERVER_ERROR.event(None))
             # GA: the idle timer starts once the reply's audio has played (its end + its duration), on the
             # audio clock from its next push
-            self._arm_idle = response.audio_samples * 1000 // 24000
+            self._arm_idle = response.audio_ms
 
     def _cancel(self, reason: str) -> None:
         if self.response is not None and self.response.status == "in_progress":
@@ -465,7 +466,7 @@ class RealtimeSession:
         if not td:
             self.vad = None
         elif self.vad is None or self.vad.cfg != VadConfig.from_config(td):
-            self.vad = ServerVad(VadConfig.from_config(td))
+            self.vad = ServerVad(VadConfig.from_config(td), self.pipeline.spec.input_rate)
             self.vad.reset(int(self.clock_ms))
             if self.response is None:  # the timer runs from now: the session's start, or this update
                 self.vad.arm_idle(int(self.clock_ms))

@@ -1,8 +1,8 @@
 """Server-side turn detection on the input audio: `server_vad` and `semantic_vad`, both driven by WebRTC's VAD.
 
-Audio arrives as float32 16 kHz in any chunk size and is judged in 30 ms frames (a remainder waits for the next
-push). Positions are integer ms of input audio since `reset(origin_ms)` (0 at construction), so events fall on
-30 ms frame boundaries.
+Audio arrives as float32 at the model's input rate (resampled to 16 kHz if WebRTC does not read that rate) in
+any chunk size and is judged in 30 ms frames (a remainder waits for the next push). Positions are integer ms of
+input audio since `reset(origin_ms)` (0 at construction), so events fall on 30 ms frame boundaries.
 
 - `threshold` (0..1) -> webrtcvad aggressiveness by quartiles: [0, .25) -> 0, [.25, .5) -> 1, [.5, .75) -> 2,
   [.75, 1] -> 3 (the default 0.5 -> 2). Higher means fewer frames count as speech, as OpenAI's threshold does.
@@ -34,13 +34,12 @@ import numpy as np
 import torch
 import webrtcvad
 
-from models.qwen3_omni.audio_features import float_to_pcm16
+from .pcm import float_to_pcm16, resample
 
-SAMPLE_RATE = 16000
+WEBRTC_RATES = (8000, 16000, 32000, 48000)  # the rates WebRTC's VAD reads; others are resampled
 FRAME_MS = 30
 WARMUP_FRAMES = 10
 _START_MS = (210, 210, 150, 150)  # by aggressiveness
-_FRAME_BYTES = SAMPLE_RATE * FRAME_MS // 1000 * 2
 EAGERNESS_SILENCE_MS = {"low": 1000, "medium": 500, "auto": 500, "high": 250}
 _COMMON_KEYS = ("type", "create_response", "interrupt_response")
 _SERVER_KEYS = (*_COMMON_KEYS, "threshold", "prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms")
@@ -133,8 +132,11 @@ VadEvent = SpeechStarted | SpeechStopped | IdleTimeout
 class ServerVad:
     """Per-session turn detector; `push` audio, act on the events, `reset` when the input buffer starts over."""
 
-    def __init__(self, cfg: VadConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: VadConfig, rate: int) -> None:
+        """`rate`: of the audio pushed (the model's input rate)."""
+        self.cfg, self.rate = cfg, rate
+        self._vad_rate = rate if rate in WEBRTC_RATES else WEBRTC_RATES[1]
+        self._frame_bytes = self._vad_rate * FRAME_MS // 1000 * 2
         self._vad = webrtcvad.Vad(cfg.aggressiveness)
         min_ms = cfg.min_speech_ms or _START_MS[cfg.aggressiveness]
         self._start_frames = math.ceil(min_ms / FRAME_MS)
@@ -160,14 +162,15 @@ class ServerVad:
         """End of the last judged frame."""
         return self._origin + self._frames * FRAME_MS
 
-    def push(self, audio_16k: np.ndarray | torch.Tensor) -> list[VadEvent]:
-        x = audio_16k if isinstance(audio_16k, torch.Tensor) else torch.from_numpy(np.array(audio_16k, np.float32))
-        data = self._pending + float_to_pcm16(x.reshape(-1))
-        n = len(data) // _FRAME_BYTES * _FRAME_BYTES
+    def push(self, audio: np.ndarray | torch.Tensor) -> list[VadEvent]:
+        x = audio if isinstance(audio, torch.Tensor) else torch.from_numpy(np.array(audio, np.float32))
+        data = self._pending + float_to_pcm16(resample(x.reshape(-1), self.rate, self._vad_rate))
+        size = self._frame_bytes
+        n = len(data) // size * size
         self._pending = data[n:]
         events: list[VadEvent] = []
-        for i in range(0, n, _FRAME_BYTES):
-            voiced = self._vad.is_speech(data[i : i + _FRAME_BYTES], SAMPLE_RATE)
+        for i in range(0, n, size):
+            voiced = self._vad.is_speech(data[i : i + size], self._vad_rate)
             if self._warmup:
                 self._warmup, voiced = self._warmup - 1, False
             event = self._frame(voiced)

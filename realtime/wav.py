@@ -37,7 +37,7 @@ def read_wav(path: str | Path) -> tuple[torch.Tensor, int]:
     return torch.from_numpy(x.copy()), rate
 
 
-def write_wav(path: str | Path, samples: np.ndarray, rate: int = 24000) -> None:
+def write_wav(path: str | Path, samples: np.ndarray, rate: int) -> None:
     pcm = (np.clip(samples, -1.0, 1.0) * 32767.0).round().astype("<i2")
     with wave.open(str(path), "wb") as w:
         w.setnchannels(1)

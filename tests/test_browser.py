@@ -261,9 +261,18 @@ def test_server_vad_turn_with_settings_log_meter_and_latency(pipeline, chromium:
         page.get_by_label("VAD threshold").fill("0.65")
         page.get_by_label("Prefix padding (ms)").fill("200")
         page.get_by_label("Silence duration (ms)").fill("700")
+        spec = pipeline.spec  # the page's voices and model id come from the server's /v1/models
+        browser.wait("document.querySelectorAll('#voice option').length > 0", "the voices from /v1/models")
+        voices = page.locator("#voice option").evaluate_all("options => options.map(o => o.value)")
+        assert voices == list(spec.voices) and page.get_by_label("Voice").input_value() == spec.default_voice
+        assert page.locator("#model-id").text_content() == spec.name
+        other = next(v for v in spec.voices if v != spec.default_voice)
+        page.get_by_label("Voice").select_option(other)
         browser.button("Connect").click()
         browser.wait_state("ready")
         first = browser.sent_of("session.update")[0]["session"]
+        assert first["audio"]["output"]["voice"] == other
+        assert first["audio"]["input"]["transcription"]["model"] == spec.name
         td = first["audio"]["input"]["turn_detection"]
         assert first["instructions"] == "Answer in one word.", first
         assert td == {"type": "server_vad", "threshold": 0.65, "prefix_padding_ms": 200, "silence_duration_ms": 700}
@@ -326,12 +335,14 @@ def test_push_to_talk_with_a_remembered_api_key(pipeline, chromium: str, wav: Pa
         browser.button("Connect").click()
         browser.wait("window.demo.errors.length > 0 && document.body.dataset.state === 'idle'", "a refusal")
         assert browser.state()["demo"]["errors"] == ["The server refused the API key: check it, then connect again."]
+        assert page.locator("#voice option").count() == 0  # /v1/models refused the key too
         page.evaluate("window.demo.errors.length = 0")
 
         page.get_by_label("API key").fill(KEY)
         page.get_by_label("Remember key in this browser").check()
         browser.button("Connect").click()
         browser.wait_state("ready")
+        assert page.locator("#voice option").count() == len(pipeline.spec.voices)  # with the key, the voices came
         talk = browser.button("Hold to talk")
         talk.hover()
         page.mouse.down()

@@ -381,8 +381,8 @@ def test_oversized_append_and_session_expiry(pipeline):
 def test_g711_in_and_out(server):
     import torch
 
-    from models.qwen3_omni.audio_features import float_to_g711, resample
     from realtime.audio import AudioFormat
+    from realtime.pcm import float_to_g711, resample
 
     url, _ = server
 

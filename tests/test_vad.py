@@ -7,20 +7,21 @@ import pytest
 import torch
 import webrtcvad
 
-from models.qwen3_omni.audio_features import float_to_pcm16
 from realtime.audio import AudioFormat, to_model_rate
+from realtime.pcm import float_to_pcm16
 from realtime.vad import IdleTimeout, ServerVad, SpeechStarted, SpeechStopped, VadConfig, VadEvent
 from tests.speech import Utterance, speech_in_silence, speech_like
 
 FRAME = 480  # 30 ms at 16 kHz
+RATE = 16000  # the audio the detector is pushed: the model's input rate
 
 
 def _16k(x: np.ndarray) -> torch.Tensor:
-    return to_model_rate(torch.from_numpy(x), AudioFormat("audio/pcm", 24000))
+    return to_model_rate(torch.from_numpy(x), AudioFormat("audio/pcm", 24000), RATE)
 
 
 def _run(cfg: VadConfig, x: np.ndarray | torch.Tensor, chunk: int | None = None) -> list[VadEvent]:
-    vad, x = ServerVad(cfg), torch.as_tensor(x)
+    vad, x = ServerVad(cfg, RATE), torch.as_tensor(x)
     step = chunk or len(x)
     return [e for i in range(0, len(x), step) for e in vad.push(x[i : i + step])]
 
@@ -140,7 +141,7 @@ def test_two_turns_and_reset_origin() -> None:
     second_onset = (len(a.audio) / 24000 + b.onset_s) * 1000
     assert abs(events[2].audio_start_ms + 300 - second_onset) <= 60
 
-    vad = ServerVad(VadConfig())
+    vad = ServerVad(VadConfig(), RATE)
     vad.push(x[:24000])  # reset 1.5 s in, in the middle of the first utterance
     vad.reset(origin_ms=10_000)
     shifted = vad.push(x[24000:])
@@ -150,7 +151,7 @@ def test_two_turns_and_reset_origin() -> None:
 
 
 def test_idle_timeout() -> None:
-    vad = ServerVad(VadConfig(idle_timeout_ms=2000))
+    vad = ServerVad(VadConfig(idle_timeout_ms=2000), RATE)
     assert vad.push(_noise(1.0, 3e-4)) == []
     vad.arm_idle(1000)
     events = vad.push(_noise(3.0, 3e-4, seed=1))
@@ -163,7 +164,7 @@ def test_idle_timeout() -> None:
     assert [type(e) for e in vad.push(speech)] == [SpeechStarted]  # speech disarms the timer
     assert vad.idle(vad.position_ms + 10_000) is None
 
-    plain = ServerVad(VadConfig())
+    plain = ServerVad(VadConfig(), RATE)
     plain.arm_idle(0)
     assert plain.push(_noise(3.0, 3e-4)) == [] and plain.idle(100_000) is None
 

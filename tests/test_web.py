@@ -67,13 +67,13 @@ def base():
         yield url.removesuffix("/v1")
 
 
-async def _get(url: str) -> tuple[int, str, bytes]:
-    async with aiohttp.ClientSession() as http, http.get(url) as r:
+async def _get(url: str, headers: dict | None = None) -> tuple[int, str, bytes]:
+    async with aiohttp.ClientSession() as http, http.get(url, headers=headers) as r:
         return r.status, r.content_type, await r.read()
 
 
-def get(url: str) -> tuple[int, str, bytes]:
-    return asyncio.run(_get(url))
+def get(url: str, headers: dict | None = None) -> tuple[int, str, bytes]:
+    return asyncio.run(_get(url, headers))
 
 
 def node(script: str) -> dict:
@@ -96,7 +96,8 @@ def test_index_page(base):
     assert status == 200 and ctype == "text/html"
     page = Page(body.decode())
     assert page.ids >= IDS, f"missing element ids: {IDS - page.ids}"
-    assert page.options["voice"] == ["ethan", "chelsie", "aiden"]
+    assert "voice" not in page.options  # no voices in the page: app.js fills them from /v1/models
+    assert "'/v1/models'" in (WEB / "app.js").read_text()
     assert page.options["mode"] == ["server_vad", "ptt"]
     app = (WEB / "app.js").read_text()
     assert all(f"'{i}'" in app for i in IDS), "app.js looks up every element by id"
@@ -161,16 +162,22 @@ def test_resampler_streams_to_24k(rate):
 
 @needs_node
 def test_session_update_accepted_by_server(base):
-    """The page's own session.update (both turn modes) and audio chunks, through the key subprotocol."""
-    out = node("""
-        const tone = Float32Array.from({length: 1200}, (_, i) => 0.3 * Math.sin(i / 5));
-        const base = {instructions: 'Be brief.', threshold: 0.7, prefixPaddingMs: 200, silenceMs: 800};
-        console.log(JSON.stringify({ptt: audio.sessionUpdate({...base, voice: 'chelsie', pushToTalk: true}),
-                                    vad: audio.sessionUpdate({...base, voice: 'aiden', pushToTalk: false}),
-                                    chunk: audio.floatToPcm16Base64(tone)}));""")
+    """The page's own session.update (both turn modes, for the model /v1/models describes) and audio chunks,
+    through the key subprotocol."""
+    status, _, body = get(base + "/v1/models", {"Authorization": f"Bearer {KEY}"})
+    assert status == 200
+    model = json.loads(body)["data"][0]
+    first, second = model["capabilities"]["voices"][1:3]
+    out = node(f"""
+        const tone = Float32Array.from({{length: 1200}}, (_, i) => 0.3 * Math.sin(i / 5));
+        const base = {{instructions: 'Be brief.', threshold: 0.7, prefixPaddingMs: 200, silenceMs: 800,
+                       model: {json.dumps(model)}}};
+        console.log(JSON.stringify({{ptt: audio.sessionUpdate({{...base, voice: '{first}', pushToTalk: true}}),
+                                    vad: audio.sessionUpdate({{...base, voice: '{second}', pushToTalk: false}}),
+                                    chunk: audio.floatToPcm16Base64(tone)}}));""")
 
     async def talk() -> None:
-        url = base.replace("http", "ws", 1) + "/v1/realtime?model=qwen3-omni"
+        url = base.replace("http", "ws", 1) + f"/v1/realtime?model={model['id']}"
         async with aiohttp.ClientSession() as http:
             with pytest.raises(aiohttp.WSServerHandshakeError) as denied:
                 await http.ws_connect(url, protocols=("realtime", "openai-insecure-api-key.wrong"))
@@ -184,13 +191,13 @@ def test_session_update_accepted_by_server(base):
                     return event
 
                 assert (await recv())["type"] == "session.created"
-                for mode, voice, detection in (("vad", "aiden", "server_vad"), ("ptt", "chelsie", None)):
+                for mode, voice, detection in (("vad", second, "server_vad"), ("ptt", first, None)):
                     await ws.send_json(out[mode])
                     updated = await recv()
                     assert updated["type"] == "session.updated", updated
                     cfg = updated["session"]["audio"]
                     assert (cfg["input"]["turn_detection"] or {}).get("type") == detection
-                    assert cfg["input"]["transcription"]["model"] == "qwen3-omni"
+                    assert cfg["input"]["transcription"]["model"] == model["id"]
                     assert cfg["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
                     assert cfg["output"]["voice"] == voice
                     assert updated["session"]["instructions"] == "Be brief."

@@ -6,7 +6,7 @@ const $ = (id) => document.getElementById(id);
 const ui = Object.fromEntries([
   'settings', 'call', 'talk', 'status', 'error', 'notice', 'transcript', 'voice', 'apikey', 'remember', 'mode', 'ttfa',
   'instructions', 'threshold', 'threshold-value', 'prefix', 'silence', 'vad-settings', 'level', 'speaking',
-  'events', 'log-count', 'composer', 'message', 'send',
+  'events', 'log-count', 'composer', 'message', 'send', 'model-id',
 ].map((id) => [id, $(id)]));
 const SEND_SAMPLES = RATE / 20; // one input_audio_buffer.append per ~50 ms of audio
 const KEY_STORE = 'omni-realtime.api-key';
@@ -17,6 +17,7 @@ let ws = null, ctx = null, mic = null, resample = null;
 let wanted = false, attempt = 0, reconnectTimer = null, t0 = null;
 let ready = false, holding = false, pending = [], pendingLen = 0, heldSamples = 0;
 let turnStart = null, activeResponse = null, createAfterDone = false;
+let served = null; // the served model: {id, capabilities} from /v1/models (null until the server answers)
 // items: assistant item id -> {response, chunks: [[start time, duration]...], samples}; dropped: response ids
 const play = { next: 0, sources: new Set(), items: new Map(), dropped: new Set() };
 // read by the browser tests
@@ -25,7 +26,7 @@ const demo = (window.demo = { events: [], sent: [], errors: [], ttfa: [], trunca
 
 const ptt = () => ui.mode.value === 'ptt';
 const settings = () => ({
-  voice: ui.voice.value, pushToTalk: ptt(), instructions: ui.instructions.value.trim(),
+  voice: ui.voice.value, pushToTalk: ptt(), instructions: ui.instructions.value.trim(), model: served,
   threshold: Number(ui.threshold.value), prefixPaddingMs: Number(ui.prefix.value) || 0,
   silenceMs: Math.max(100, Number(ui.silence.value) || 500),
 });
@@ -86,6 +87,23 @@ function logEvent(dir, type) {
   ui['log-count'].textContent = `(${demo.events.length + demo.sent.length})`;
 }
 
+// -- the served model -----------------------------------------------------------------------------
+async function loadModel() { // its id and voices, from /v1/models (with the key, if the server wants one)
+  const key = ui.apikey.value.trim();
+  try {
+    const r = await fetch('/v1/models', { cache: 'no-store', headers: key ? { Authorization: `Bearer ${key}` } : {} });
+    if (!r.ok) return;
+    served = (await r.json()).data[0];
+  } catch {
+    return;
+  }
+  const caps = served.capabilities, chosen = ui.voice.value;
+  ui['model-id'].textContent = served.id;
+  ui.voice.replaceChildren(...caps.voices.map((v) => new Option(v[0].toUpperCase() + v.slice(1), v)));
+  ui.voice.value = caps.voices.includes(chosen) ? chosen : caps.default_voice;
+  ui.voice.disabled = !caps.audio_out;
+}
+
 // -- connection ---------------------------------------------------------------------------------
 async function connect() {
   wanted = true;
@@ -102,6 +120,7 @@ async function connect() {
   } finally {
     ui.call.disabled = false;
   }
+  await loadModel();
   openSocket();
 }
 
@@ -109,7 +128,7 @@ function openSocket() {
   reconnectTimer = null;
   const key = ui.apikey.value.trim();
   rememberKey();
-  const url = location.origin.replace(/^http/, 'ws') + '/v1/realtime?model=qwen3-omni';
+  const url = location.origin.replace(/^http/, 'ws') + '/v1/realtime' + (served ? `?model=${encodeURIComponent(served.id)}` : '');
   let sock;
   try {
     sock = ws = new WebSocket(url, key ? ['realtime', 'openai-insecure-api-key.' + key] : ['realtime']);
@@ -444,6 +463,7 @@ ui.mode.addEventListener('change', () => {
   setState('ready', idleText());
 });
 ui.remember.addEventListener('change', rememberKey);
+ui.apikey.addEventListener('change', () => { if (!served) loadModel(); });
 const onSpace = (e) => { // Space works as the push-to-talk button, except while typing in a field
   if (e.code !== 'Space' || !ready || !ptt() || ['INPUT', 'SELECT', 'TEXTAREA'].includes(e.target.tagName)) return;
   e.preventDefault();
@@ -464,3 +484,4 @@ if (!secure) {
 }
 if (matchMedia('(max-width: 899px)').matches) ui.settings.open = false; // a phone: the chat first
 setState('idle', 'Disconnected');
+loadModel();

@@ -41,16 +41,21 @@ function makeResampler(from, to) {
   };
 }
 
-// settings: {voice, pushToTalk, instructions, threshold, prefixPaddingMs, silenceMs} (the page's controls)
+// settings: {voice, pushToTalk, instructions, threshold, prefixPaddingMs, silenceMs} (the page's controls) and
+// model: the served model from /v1/models ({id, capabilities}), or null when the server did not say
 function sessionUpdate(settings) {
   const format = { type: 'audio/pcm', rate: RATE };
+  const caps = settings.model ? settings.model.capabilities : { audio_out: true, transcription: true };
   const turnDetection = settings.pushToTalk ? null : {
     type: 'server_vad', threshold: settings.threshold, prefix_padding_ms: settings.prefixPaddingMs,
     silence_duration_ms: settings.silenceMs,
   };
-  const input = { format, turn_detection: turnDetection, transcription: { model: 'qwen3-omni' } };
+  const transcription = caps.transcription ? { model: settings.model ? settings.model.id : null } : null;
+  const output = { format };
+  if (caps.audio_out && settings.voice) output.voice = settings.voice;
   const session = { type: 'realtime', instructions: settings.instructions,
-                    audio: { input, output: { format, voice: settings.voice } } };
+                    output_modalities: [caps.audio_out ? 'audio' : 'text'],
+                    audio: { input: { format, turn_detection: turnDetection, transcription }, output } };
   return { type: 'session.update', session };
 }
 

@@ -1,0 +1,44 @@
+"""What the served model can do (its `ModelSpec`), held against a session's or a response's config: its voices,
+whether it speaks, transcribes and calls tools. What it cannot do is refused with a clear error, never attempted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipelines.spec import ModelSpec
+
+from .protocol import ProtocolError
+
+# OpenAI's built-in voices: a client written for OpenAI sends one of these; each gets the model's default voice
+OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar")
+
+
+def model_voice(voice: Any, spec: ModelSpec, where: str = "session.audio.output.voice") -> str:
+    """The model's voice for a session's `voice` (a name or `{"id": name}`): one of the model's own (any case),
+    the default for an OpenAI voice; anything else is an invalid_value error."""
+    name = voice.get("id") if isinstance(voice, dict) else voice
+    if isinstance(name, str) and name.lower() in OPENAI_VOICES:
+        return spec.default_voice
+    try:
+        return spec.voice(name if isinstance(name, str) else "")
+    except ValueError as e:
+        raise ProtocolError("invalid_value", f"Invalid value for '{where}': {e}, or one of OpenAI's voices "
+                            f"({', '.join(OPENAI_VOICES)}), which map to its default.", where) from None
+
+
+def check_config(cfg: dict, spec: ModelSpec, where: str = "session") -> dict:
+    """`cfg` (a session's config, or a response's: the session's with its overrides) if the model can serve it."""
+    if (cfg.get("type") == "transcription" or cfg["audio"]["input"].get("transcription")) and not spec.transcribes:
+        raise ProtocolError("invalid_value", f"This model ({spec.name}) cannot transcribe audio: leave "
+                            "'audio.input.transcription' null and use a realtime session.",
+                            f"{where}.audio.input.transcription")
+    if cfg.get("type") == "transcription":
+        return cfg
+    if "audio" in cfg["output_modalities"] and not spec.speaks:
+        raise ProtocolError("invalid_value", f"This model ({spec.name}) replies in text only: set "
+                            "output_modalities to ['text'].", f"{where}.output_modalities")
+    if cfg["tools"] and not spec.tools:
+        raise ProtocolError("invalid_value", f"This model ({spec.name}) cannot call tools: leave 'tools' empty.",
+                            f"{where}.tools")
+    model_voice(cfg["audio"]["output"]["voice"], spec, f"{where}.audio.output.voice")
+    return cfg
