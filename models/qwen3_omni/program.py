@@ -115,8 +115,6 @@ class Qwen3OmniProgram:
         """Refuse text that is not Unicode, or a prompt that cannot fit, in time bounded by the limit."""
         if not turn.messages:
             raise ValueError("a turn needs at least one message")
-        if not session.ids and all(m.role == "system" for m in turn.messages):
-            raise ValueError("nothing to answer: the conversation has no user, assistant or tool message")
         limit = BYTES_PER_TOKEN * self.max_context
         calls = [c.name + c.arguments for m in turn.messages for c in m.tool_calls]
         choice = turn.options.tool_choice
