@@ -37,7 +37,8 @@ def _get(d: dict, key: str, where: str, *aliases: str) -> Any:
             return d[k]
     if key in OPTIONAL:
         return OPTIONAL[key]
-    raise ConfigError(f"{where}: required key '{key}' is missing from config.json")
+    raise ConfigError(f"required key '{key}' is missing from config.json" + ("" if where == "config.json" else
+                                                                              f" (in {where})"))
 
 
 def _rope(d: dict, where: str) -> tuple[float, tuple[int, ...], bool]:
