@@ -24,6 +24,7 @@ from .audio_features import audio_token_count, log_mel
 from .code2wav_step import Code2WavStep, Code2WavWork
 from .config import ConfigError
 from .conversation import Session, TurnState
+from .forced_call import CallWriter, forcing
 from .model import Qwen3Omni, load_model
 from .placement import STAGE_NAMES, TYPICAL_SESSION_TOKENS, PipelineConfig, checkpoint_sampling, kv_layouts
 from .stages import EncoderStep, EncoderWork, TalkerWork, ThinkerWork, Work
@@ -167,6 +168,9 @@ class Qwen3OmniProgram:
             audio_features=features, speaking=opts.audio, tool_call_id=self.tokenizer.special_ids["<tool_call>"],
             audio_token_id=self.model.cfg.thinker.audio_token_id,
         )
+        writer = CallWriter.for_choice(self.tokenizer, opts.tools, opts.tool_choice)
+        if writer is not None:
+            state.force = forcing(writer, self.model.thinker.embed)
         works: list[tuple[Stage, Work]] = []
         s = self.by_name
         if features:
