@@ -41,14 +41,15 @@ function makeResampler(from, to) {
   };
 }
 
-// settings: {voice, pushToTalk, instructions, threshold, prefixPaddingMs, silenceMs} (the page's controls)
+// settings: {voice, pushToTalk, instructions, threshold, prefixPaddingMs, silenceMs, transcribe} (the page's controls)
 function sessionUpdate(settings) {
   const format = { type: 'audio/pcm', rate: RATE };
   const turnDetection = settings.pushToTalk ? null : {
     type: 'server_vad', threshold: settings.threshold, prefix_padding_ms: settings.prefixPaddingMs,
     silence_duration_ms: settings.silenceMs,
   };
-  const input = { format, turn_detection: turnDetection, transcription: { model: 'qwen3-omni' } };
+  const transcription = settings.transcribe ? { model: 'qwen3-omni' } : null; // costs a model pass per turn
+  const input = { format, turn_detection: turnDetection, transcription };
   const session = { type: 'realtime', instructions: settings.instructions,
                     audio: { input, output: { format, voice: settings.voice } } };
   return { type: 'session.update', session };
@@ -60,9 +61,18 @@ function median(xs) {
   return s.length % 2 ? s[m] : Math.round((s[m - 1] + s[m]) / 2);
 }
 
+// A number field's value as it will be sent: within [min, max], on the step grid from min; `fallback` if empty.
+function fieldNumber(text, { min, max, step }, fallback) {
+  const x = Number(text);
+  if (text === '' || !Number.isFinite(x)) return fallback;
+  const on = Math.round((Math.min(max, Math.max(min, x)) - min) / step) * step + min;
+  return Math.min(max, on);
+}
+
 // Reconnect delays: 0.5 s, 1, 2, 4, then 8 s at most.
 const backoffMs = (attempt) => Math.min(500 * 2 ** attempt, 8000);
 
 if (typeof module !== 'undefined') {
-  module.exports = { RATE, floatToPcm16Base64, base64ToFloat, makeResampler, sessionUpdate, median, backoffMs };
+  module.exports = { RATE, floatToPcm16Base64, base64ToFloat, makeResampler, sessionUpdate, median, backoffMs,
+                     fieldNumber };
 }
