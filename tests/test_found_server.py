@@ -115,16 +115,21 @@ def test_response_create_with_input_leaves_the_engine_as_it_found_it(pipeline, s
     pipeline.sync()
     before = pipeline.stats()
 
+    seen = []
+
     async def go():
         async with client(url).realtime.connect(model="qwen3-omni") as conn:
             await open_session(conn, instructions="Be brief.")
             for i in range(3):
                 await spoken_reply(conn, response={"input": [{"type": "message", "role": "user", "content": [
                     {"type": "input_text", "text": f"Question {i}?"}]}]})
-                during = settled(pipeline, before)  # each response's own session ended with it
-                assert during["sessions"] == before["sessions"] and during["kv_blocks"] == before["kv_blocks"]
+                seen.append(settled(pipeline, before))  # each response's own session ended with it
 
     asyncio.run(go())
+    print("thinker KV blocks before, after each response.create(input):", before["kv_blocks"]["thinker"],
+          [s["kv_blocks"]["thinker"] for s in seen], "pipeline sessions:", [s["sessions"] for s in seen])
+    for during in seen:
+        assert during["sessions"] == before["sessions"] and during["kv_blocks"] == before["kv_blocks"], during
     after = settled(pipeline, before)  # the server ends the socket's session a moment after the client has gone
     assert after["sessions"] == before["sessions"] and after["kv_blocks"] == before["kv_blocks"], (before, after)
     assert after["turns_started"] - before["turns_started"] == 3 == after["turns_ended"] - before["turns_ended"]
@@ -137,13 +142,16 @@ def test_a_huge_text_item_is_refused_and_the_session_goes_on(server):
         async with client(url).realtime.connect(model="qwen3-omni") as conn:
             await open_session(conn)
             huge = "x" * 15_000_000
+            start = time.perf_counter()
             await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
                 {"type": "input_text", "text": huge}]})
             error = await until(conn, "error")
+            refused_s = time.perf_counter() - start
             assert error["error"]["type"] == "invalid_request_error" and error["error"]["code"] == "item_too_large"
             assert error["error"]["param"] == "item" and "4 MiB" in error["error"]["message"]
             # just under the limit: accepted, echoed twice, and the response ends context_too_long
             big = "y" * (MAX_ITEM_CHARS - 1000)
+            start = time.perf_counter()
             await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
                 {"type": "input_text", "text": big}]})
             added = await until(conn, "conversation.item.added")
@@ -154,6 +162,8 @@ def test_a_huge_text_item_is_refused_and_the_session_goes_on(server):
             error = failed["status_details"]["error"]
             assert failed["status"] == "failed" and error["code"] == "context_too_long", failed["status_details"]
             assert error["type"] == "invalid_request_error"
+            print(f"15 MB item refused in {refused_s * 1e3:.0f} ms; a 4 MiB item echoed twice and its response "
+                  f"ended context_too_long {time.perf_counter() - start:.2f} s after it was sent; socket open")
             await conn.session.update(session={"type": "realtime", "instructions": "Still here."})
             assert (await until(conn, "session.updated"))["session"]["instructions"] == "Still here."
             assert srv.metrics.sessions == 1
@@ -183,6 +193,7 @@ def test_a_client_that_does_not_read_is_still_closed(pipeline):
             return srv.metrics.sessions, time.monotonic() - sent
 
         sessions, freed = asyncio.run(go())
+        print(f"a client that does not read: closed and its slot freed {freed:.1f} s after its first frame")
         assert sessions == 0 and freed < 10, freed
 
 
