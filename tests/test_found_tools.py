@@ -117,6 +117,11 @@ def test_required_picks_the_tool_the_model_names(tokenizer):
     assert parse_tool_calls(text)[0][0].name == "get_weather"  # no tool begins so: the first listed
 
 
+def test_a_named_function_that_is_not_a_tool_is_refused(tokenizer):
+    with pytest.raises(ValueError, match="not among the tools"):
+        CallWriter.for_choice(tokenizer, [WEATHER], {"type": "function", "name": "get_time"})
+
+
 def test_auto_and_none_are_not_forced(tokenizer):
     assert CallWriter.for_choice(tokenizer, [WEATHER], "auto") is None
     assert CallWriter.for_choice(tokenizer, [WEATHER], "none") is None

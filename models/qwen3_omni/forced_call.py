@@ -78,6 +78,8 @@ def call_parts(tools: Sequence[Mapping[str, Any]], tool_choice: str | Mapping) -
     if isinstance(tool_choice, Mapping):
         name = tool_choice.get("name") or (tool_choice.get("function") or {}).get("name")
         fns = [f for f in fns if f["name"] == name]
+        if not fns:
+            raise ValueError(f"tool_choice names function {name!r}, which is not among the tools")
     if len(fns) == 1:
         return ['<tool_call>\n{"name": "', *_after_name(fns[0], fns[0]["name"])]
     return ['<tool_call>\n{"name": "', _Value("function", tuple(f["name"] for f in fns))]  # the rest: once chosen
