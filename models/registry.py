@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.pipeline import Pipeline
+from pipelines.spec import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -19,10 +20,12 @@ class Entry:
     model_type: str  # config.json's model_type
     presets: tuple[str, ...]  # tiny random-weight presets, served without files
     builder: str  # "module:function" building the Pipeline (imported only when used)
+    describer: str  # "module:function" giving the ModelSpec from the config alone, before any weights load
 
 
 MODELS = (
-    Entry("qwen3_omni_moe", ("tiny", "tiny-thinker"), "models.qwen3_omni.program:build"),
+    Entry("qwen3_omni_moe", ("tiny", "tiny-thinker"), "models.qwen3_omni.program:build",
+          "models.qwen3_omni.spec:describe"),
 )
 
 
@@ -53,10 +56,19 @@ def model_type(model: str) -> str:
     return entry(model).model_type
 
 
+def _load(target: str):
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def describe(model: str) -> ModelSpec:
+    """What `model` declares (rates, voices, abilities), read from its config without loading weights;
+    ValueError (or OSError) for a config that cannot be read."""
+    return _load(entry(model).describer)(model)
+
+
 def build_pipeline(model: str, device: str = "cpu", dtype: str | None = None, graphs: bool | None = None,
                    kv_memory_gib: float | None = None, **stage_overrides: dict) -> Pipeline:
     """Load `model` and return its (not yet started) Pipeline. `graphs` None: CUDA graphs on CUDA;
     `kv_memory_gib` None: on CUDA, KV caches from the memory left after the weights."""
-    module, name = entry(model).builder.split(":")
-    build = getattr(importlib.import_module(module), name)
-    return build(model, device, dtype, graphs, kv_memory_gib, **stage_overrides)
+    return _load(entry(model).builder)(model, device, dtype, graphs, kv_memory_gib, **stage_overrides)

@@ -12,17 +12,21 @@ import socket
 import ssl
 import sys
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 
 import numpy as np
 
 from . import logs
+from .cli_checks import (
+    UsageError,
+    check_before_loading,
+    check_out,
+    check_positive,
+    check_voice,
+    default_device,
+    read_audio,
+)
 
 TINY_REPLY_TOKENS, TINY_REPLY_FRAMES = 32, 50  # a tiny random model never stops by itself
-
-
-class UsageError(Exception):
-    """A mistake in what the user asked for: printed as one line, exit code 2."""
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -31,12 +35,6 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if "default" in text or action.default in (None, False, argparse.SUPPRESS):
             return text
         return super()._get_help_string(action)
-
-
-def default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def package_version() -> str:
@@ -94,9 +92,13 @@ def parser() -> argparse.ArgumentParser:
                        help="comma-separated browser origins allowed besides the server's own host, or '*'")
     serve.add_argument("--max-sessions-per-client", type=int, default=16, help="sessions per client address")
     gen = sub.add_parser("generate", help="answer one turn offline through the streaming pipeline",
-                         formatter_class=HelpFormatter)
+                         formatter_class=HelpFormatter,
+                         description="Answer one user turn (audio, text or both) offline through the same streaming "
+                                     "pipeline the server uses: print the reply's text and write its speech with "
+                                     "--out. With --model tiny the weights are random: the reply is noise.")
     add_common_args(gen)
-    gen.add_argument("--audio", help="input WAV (16-bit PCM or float32, any rate, mono or stereo)")
+    gen.add_argument("--audio", help="input audio file (WAV of any PCM width or float, FLAC, OGG, MP3; any rate, "
+                                     "channels averaged)")
     gen.add_argument("--text", default="", help="user text (after the audio, when both are given)")
     gen.add_argument("--system", default=None, help="system prompt (default: none)")
     gen.add_argument("--voice", "--speaker", default="", help="one of the model's voices (default: its default "
@@ -113,26 +115,7 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def check_model(model: str) -> None:
-    """Fail early, naming the file, on a model path that cannot load."""
-    from models.registry import presets
-
-    if model in presets():
-        return
-    path = Path(model)
-    if not path.is_dir():
-        raise UsageError(f"--model {model}: no such directory (give a checkpoint directory, or 'tiny')")
-    config = path / "config.json"
-    if not config.is_file():
-        raise UsageError(f"--model {model}: no config.json in that directory")
-    try:
-        json.loads(config.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UsageError(f"{config}: not valid JSON ({e})") from None
-
-
 def build(args: argparse.Namespace):
-    check_model(args.model)
     from models.registry import build_pipeline
 
     return build_pipeline(args.model, args.device or default_device(), args.dtype,
@@ -143,14 +126,17 @@ def generate(args: argparse.Namespace) -> int:
     from pipelines.types import AudioChunk, GenerationOptions, Message, TextDelta, Turn, TurnDone, TurnError
 
     from .pcm import resample
-    from .wav import read_wav, write_wav
+    from .wav import write_wav
 
+    if not args.audio and not args.text:
+        raise UsageError("give --audio, --text or both")
+    check_voice(check_before_loading(args), args.voice)
+    if args.out:
+        check_out(args.out)
     messages = []
     if args.system:
         messages.append(Message("system", args.system))
-    samples, rate = read_wav(args.audio) if args.audio else (None, 0)
-    if samples is None and not args.text:
-        raise UsageError("give --audio, --text or both")
+    samples, rate = read_audio(args.audio) if args.audio else (None, 0)
     with build(args) as pipeline:
         spec = pipeline.spec
         if samples is not None and not spec.hears:
@@ -229,21 +215,24 @@ def serve(args: argparse.Namespace) -> int:
     from .server import ServerConfig, run
     from .session import Limits
 
-    if args.max_sessions < 1 or args.max_session_minutes <= 0:
-        raise UsageError("--max-sessions and --max-session-minutes must be positive")
-    if args.threads < 1 or args.max_sessions_per_client < 1:
-        raise UsageError("--threads and --max-sessions-per-client must be positive")
+    check_positive(args, "max_sessions", "max_session_minutes", "threads", "max_sessions_per_client")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port}: a TCP port is 0-65535 (0: any free port)")
+    check_before_loading(args)
     import torch
 
     torch.set_num_threads(args.threads)
     key = args.api_key
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
-    try:
-        if args.api_key_file:
+    if args.api_key_file:
+        try:
             with open(args.api_key_file) as f:
                 key = f.read().strip()
+        except OSError as e:
+            raise UsageError(f"--api-key-file {args.api_key_file}: {e.strerror}") from None
+    try:
         Gate(key, origins)
-    except (OSError, ValueError) as e:
+    except ValueError as e:
         raise UsageError(str(e)) from None
     args.api_key = key
     ssl_context = tls(args)
@@ -259,9 +248,27 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def demo_host(args: argparse.Namespace) -> str:
+    """A host the demo URL works with: without a key the server takes only addresses, localhost and the
+    allowed origins' names (no DNS rebinding), so a wildcard bind shows this machine's address."""
+    if args.host not in ("0.0.0.0", "::", ""):
+        return args.host
+    name = socket.gethostname()
+    if args.api_key or "*" in args.allowed_origins or f"//{name}:" in args.allowed_origins or \
+            args.allowed_origins.endswith(f"//{name}"):
+        return name
+    family, probe = (socket.AF_INET6, "fd00::1") if args.host == "::" else (socket.AF_INET, "10.255.255.255")
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((probe, 9))  # no packet is sent: this only picks the interface a route would use
+            return s.getsockname()[0]
+    except OSError:
+        return "::1" if family == socket.AF_INET6 else "127.0.0.1"
+
+
 def startup_line(args: argparse.Namespace, sock: socket.socket, https: bool) -> None:
     port = sock.getsockname()[1]
-    host = socket.gethostname() if args.host in ("0.0.0.0", "::", "") else args.host
+    host = demo_host(args)
     host = f"[{host}]" if ":" in host else host
     device = args.device or default_device()
     logs.event("serving", demo=f"{'https' if https else 'http'}://{host}:{port}/", model=args.model,

@@ -6,7 +6,16 @@ import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pipelines.pipeline import Pipeline
@@ -54,13 +63,21 @@ class Metrics:
         self._rtf = Histogram("omni_rtf", "Real-time factor of responses (generation time / audio time).",
                               buckets=RTF_BUCKETS, registry=self.registry)
         self._errors = Counter("omni_errors", "Errors sent to clients, by code.", ["code"], registry=self.registry)
+        self._responses = Counter("omni_responses", "Responses ended, by status (completed, cancelled, incomplete, "
+                                  "failed) and error code (failed ones; 'none' otherwise).", ["status", "code"],
+                                  registry=self.registry)
         self.registry.register(_Live(self))
+        for default in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):  # process_*, python_* families
+            self.registry.register(default)
 
     def first_audio(self, seconds: float) -> None:
         self._ttfa.observe(seconds)
 
     def rtf(self, value: float) -> None:
         self._rtf.observe(value)
+
+    def response_done(self, status: str, error: dict | None) -> None:
+        self._responses.labels(status=status, code=(error or {}).get("code") or "none").inc()
 
     def error(self, code: str) -> None:
         self._errors.labels(code=code).inc()

@@ -22,6 +22,7 @@ from .items import Conversation, Item
 from .protocol import new_id
 
 Send = Callable[[dict], None]
+REQUEST_CODES = ("invalid_request", "context_too_long")  # pipeline error codes the request caused
 
 
 @dataclass
@@ -157,8 +158,10 @@ class Response:
                 self.on_cap()
 
     def fail(self, message: str, code: str = "server_error") -> None:
-        """End the response as failed (response.done with the error), whatever state it is in."""
-        self.status, self.error = "failed", {"type": "server_error", "code": code, "message": message}
+        """End the response as failed (response.done with the error), whatever state it is in. A failure
+        the request caused (invalid_request, context_too_long, ...) is the client's error, not the server's."""
+        kind = "invalid_request_error" if code in REQUEST_CODES else "server_error"
+        self.status, self.error = "failed", {"type": kind, "code": code, "message": message}
         self._done(None)
 
     def _open_message(self) -> Item:

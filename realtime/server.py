@@ -63,7 +63,8 @@ class Outbox:
         if self.overflow.is_set():
             return
         text = json.dumps(event)
-        if self.queue.qsize() >= self.max_events or self.bytes + len(text) > self.max_bytes:
+        # the bound is on what the client left unread: one event on an empty backlog is never a slow reader
+        if self.queue.qsize() >= self.max_events or self.bytes and self.bytes + len(text) > self.max_bytes:
             self.overflow.set()  # never block the pipeline or other sessions on one slow reader
             return
         self.bytes += len(text)

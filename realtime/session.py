@@ -41,6 +41,7 @@ from .vad import IdleTimeout, ServerVad, SpeechStarted, SpeechStopped, VadConfig
 
 log = logging.getLogger(__name__)
 MAX_APPEND_BYTES = 15 * 1024 * 1024
+MAX_ITEM_CHARS = 4 * 1024 * 1024  # an item as the server echoes it (JSON, non-ASCII escaped): twice in the outbox
 MIN_COMMIT_MS = 100
 PARSE_OFF_LOOP_CHARS = 1 << 20  # larger frames are parsed on the audio worker
 SERVER_ERROR = ProtocolError("server_error", "The server had an error while processing your request.",
@@ -61,6 +62,15 @@ class Limits:
 
 def _items_from_client(raws: list, fmt: AudioFormat, rate: int) -> list[Item]:
     return [item_from_client(raw, fmt, rate) for raw in raws]
+
+
+def _item_to_add(raw: dict, fmt: AudioFormat) -> Item:
+    """A conversation.item.create's item, refused when its echoes (item.added and item.done) would be huge."""
+    item = item_from_client(raw, fmt)
+    if len(json.dumps(item.data)) > MAX_ITEM_CHARS:
+        raise ProtocolError("item_too_large", f"Item is larger than {MAX_ITEM_CHARS >> 20} MiB as JSON: send its "
+                            "text in smaller items (the model's context holds far less anyway).", "item")
+    return item
 
 
 class RealtimeSession:
@@ -338,6 +348,7 @@ class RealtimeSession:
     def _start_response(self, spec: dict, inputs: list[Item] | None = None) -> None:
         cfg = self._response_config(spec)
         out_of_band = spec.get("conversation", "auto") == "none"
+        own_session = out_of_band or inputs is not None  # a pipeline session of its own, ended with the response
         session, messages = self._messages(cfg, inputs, out_of_band)
         limit = cfg["max_output_tokens"]
         modality = cfg["output_modalities"][0]
@@ -359,8 +370,8 @@ class RealtimeSession:
         self.committed_at = None
         self.response = response
         response.created()
-        events = self._events(turn, response, cfg) if not out_of_band else self.pipeline.submit(turn)
-        self.task = asyncio.create_task(self._run(response, turn, events, out_of_band))
+        events = self.pipeline.submit(turn) if own_session else self._events(turn, response, cfg)
+        self.task = asyncio.create_task(self._run(response, turn, events, own_session))
 
     def _messages(self, cfg: dict, inputs: list[Item] | None, out_of_band: bool) -> tuple[str, list[Message]]:
         """The pipeline session and the messages it has not seen yet (all of them after a reset)."""
@@ -410,7 +421,7 @@ class RealtimeSession:
         async for event in events:
             yield event
 
-    async def _run(self, response: Response, turn: Turn, events: AsyncIterator[Event], out_of_band: bool) -> None:
+    async def _run(self, response: Response, turn: Turn, events: AsyncIterator[Event], own_session: bool) -> None:
         start = time.perf_counter()
         try:
             await response.run(events)
@@ -418,13 +429,15 @@ class RealtimeSession:
             log.exception("response %s failed", response.id)
             response.fail(str(e))
         finally:
-            if out_of_band:
+            if own_session:
                 self.pipeline.end_session(turn.session_id)
             else:
                 self.sent.extend(i.id for i in response.items)
             if response.audio_samples:
                 self.metrics.rtf((time.perf_counter() - start) / (response.audio_samples / response.rate))
             logs.response_done(self.config["id"], response)
+            ended = "cancelled" if response.status == "in_progress" else response.status  # cut off with the socket
+            self.metrics.response_done(ended, response.error)
             if self.response is response:
                 self.response = None
             if self.respond_after and self.response is None:

@@ -455,3 +455,69 @@ def test_insecure_context_says_why_and_text_still_works(pipeline, chromium: str,
         browser.check_layout()
         browser.shot("phone-390x844-text-message")
     print(f"text message in an insecure context: {time.monotonic() - t0:.1f} s")
+
+
+def newest_end_in_view(b: Browser) -> dict:
+    """Where the end of the newest message is, against the transcript's visible box and the window."""
+    return b.page.evaluate("""() => {
+      const t = document.getElementById('transcript'), r = t.getBoundingClientRect();
+      const last = t.lastElementChild.getBoundingClientRect();
+      return {end: last.bottom, top: last.top, boxTop: r.top, boxBottom: r.bottom, win: innerHeight,
+              scrolled: document.scrollingElement.scrollTop};
+    }""")
+
+
+def test_phone_keeps_the_newest_reply_in_view_and_shows_what_it_sends(pipeline, chromium: str, wav: Path,
+                                                                      tmp_path: Path):
+    """At 390x844: after a spoken and then a typed turn the newest message's end is on screen; number fields
+    show the value that is sent; one settings panel at a time reaches 'Remember key' and a long event log;
+    replies cut by the length limit are marked; transcription is off unless asked for."""
+    t0 = time.monotonic()
+    cfg = ServerConfig(limits=Limits(max_text_tokens=40, max_frames=12, transcription_tokens=8))
+    with serve_and_browse(pipeline, cfg, chromium, wav, tmp_path / "profile", PHONE) as browser:
+        page = browser.page
+        page.get_by_text("Session settings").click()
+        for label, typed, shown in (("Silence duration (ms)", "50", "100"), ("Prefix padding (ms)", "99999", "2000"),
+                                    ("Silence duration (ms)", "777", "800")):
+            page.get_by_label(label).fill(typed)
+            page.get_by_label(label).press("Tab")
+            assert page.get_by_label(label).input_value() == shown, label
+        remember = page.get_by_label("Remember key in this browser")
+        remember.scroll_into_view_if_needed()
+        box = remember.bounding_box()
+        assert remember.is_visible() and box["y"] >= 0 and box["y"] + box["height"] <= PHONE["height"], box
+        browser.button("Connect").click()
+        browser.wait_state("ready")
+        td = browser.sent_of("session.update")[0]["session"]["audio"]["input"]
+        assert (td["turn_detection"]["silence_duration_ms"], td["turn_detection"]["prefix_padding_ms"]) == (800, 2000)
+        assert td["transcription"] is None  # costs more than the reply on the tiny model: off by default
+        assert page.locator("#transcript").get_attribute("data-hint") == "Speak or type a message."
+
+        browser.wait("window.demo.events.includes('response.done')", "the spoken turn's reply")
+        browser.wait_state("ready")
+        spoken = newest_end_in_view(browser)
+        words = "Tell me more. " * 30
+        page.get_by_label("Message").fill(words)
+        page.get_by_label("Message").press("Enter")
+        browser.wait("window.demo.events.filter(t => t === 'response.done').length >= 2", "the typed turn's reply")
+        browser.wait_state("ready")
+        typed = newest_end_in_view(browser)
+        for where in (spoken, typed):
+            assert where["boxTop"] <= where["end"] <= where["boxBottom"] + 1 <= where["win"] + 1, where
+            assert where["scrolled"] == 0, where  # the page itself never scrolls: the transcript does
+        assert page.locator(".turn").count() == 4 and page.locator(".turn").last.get_attribute("class") == \
+            "turn assistant incomplete"
+        done = [e for e in browser.received if e["type"] == "response.done"]
+        assert done[-1]["response"]["status"] == "incomplete"  # the limits above cut every reply short
+        assert page.locator(".turn.assistant").last.get_attribute("data-ended") == \
+            "incomplete: cut off (max_output_tokens)"
+        browser.shot("phone-390x844-typed-after-spoken")
+
+        page.get_by_text("Event log").click()
+        assert page.locator("#settings").evaluate("d => d.open") is False  # one panel at a time on a phone
+        rows = page.evaluate("""() => { const l = document.getElementById('events'), r = l.getBoundingClientRect();
+          return [...l.children].filter(li => { const b = li.getBoundingClientRect();
+            return b.top >= r.top - 1 && b.bottom <= Math.min(r.bottom, innerHeight) + 1; }).length; }""")
+        assert rows >= 15, rows
+        browser.shot("phone-390x844-event-log")
+    print(f"phone layout: {time.monotonic() - t0:.1f} s")

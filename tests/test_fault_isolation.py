@@ -123,7 +123,6 @@ def assert_refused(events: list, code: str) -> TurnError:
 # -- the triggers found by attacking the server -------------------------------------------------------------
 
 @pytest.mark.parametrize("messages, code", [
-    ([Message("system", "Be brief.")], "invalid_request"),  # nothing to answer
     ([Message("system", "Be brief \ud800."), Message("user", "hi")], "invalid_request"),  # lone surrogate
     ([Message("user", "hi \ud800")], "invalid_request"),
     ([Message("assistant", "", tool_calls=(ToolCall("f", '{"a": "\ud800"}'),)), Message("user", "hi")],
@@ -131,7 +130,7 @@ def assert_refused(events: list, code: str) -> TurnError:
     ([Message("user", "x" * 15_000_000)], "context_too_long"),
     ([Message("user", "", torch.full((16000,), float("nan")))], "invalid_request"),
     ([Message("user", "", torch.full((16000,), torch.inf))], "invalid_request"),
-], ids=["system-only", "surrogate-in-instructions", "surrogate-in-text", "surrogate-in-tool-call", "15MB-text",
+], ids=["surrogate-in-instructions", "surrogate-in-text", "surrogate-in-tool-call", "15MB-text",
         "nan-audio", "inf-audio"])
 def test_bad_input_is_refused_at_submission(pipeline, messages, code):
     assert_refused(with_bystander(pipeline, victim(messages)), code)
@@ -145,6 +144,20 @@ def test_bad_input_is_refused_at_submission(pipeline, messages, code):
 def test_a_bad_tool_schema_is_refused(pipeline, tool, choice):
     opts = GenerationOptions(tools=(tool,), tool_choice=choice)
     assert_refused(with_bystander(pipeline, victim([Message("user", "hi")], opts)), "invalid_request")
+
+
+def test_a_conversation_of_a_system_message_only_is_answered(pipeline):
+    """A greeting-first agent: instructions and nothing else. The reply is spoken; the bystander is unharmed."""
+    events = with_bystander(pipeline, victim([Message("system", "Greet the user.")]))
+    assert_spoke(events, ("completed", "length"))
+
+
+def test_system_only_turns_batched_together_are_answered(pipeline):
+    turns = [Turn(f"{s}", [Message("system", f"Greet the user, {s}.")], OPTS, turn_id=new_id(f"{s}_turn"))
+             for s in (VICTIM, MATE)]
+    victim_events, mate_events, bystander = together(pipeline, *turns, spoken(BYSTANDER, 1))
+    for events in (victim_events, mate_events, bystander):
+        assert_spoke(events, ("completed", "length"))
 
 
 def test_a_conversation_of_assistant_items_only_is_answered(pipeline):

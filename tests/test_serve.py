@@ -21,7 +21,12 @@ FAMILIES = {
     "omni_sessions_open": "gauge", "omni_sessions_opened": "counter", "omni_sessions_rejected": "counter",
     "omni_time_to_first_audio_seconds": "histogram", "omni_rtf": "histogram", "omni_errors": "counter",
     "omni_responses_active": "gauge", "omni_kv_blocks_used": "gauge", "omni_kv_blocks_capacity": "gauge",
-    "omni_engine_steps": "counter", "omni_engine_busy_seconds": "counter",
+    "omni_engine_steps": "counter", "omni_engine_busy_seconds": "counter", "omni_responses": "counter",
+    # prometheus_client's default collectors: the process and the Python runtime
+    "process_cpu_seconds": "counter", "process_virtual_memory_bytes": "gauge", "process_resident_memory_bytes": "gauge",
+    "process_start_time_seconds": "gauge", "process_open_fds": "gauge", "process_max_fds": "gauge",
+    "python_gc_objects_collected": "counter", "python_gc_objects_uncollectable": "counter",
+    "python_gc_collections": "counter", "python_info": "gauge",
 }
 
 
@@ -109,6 +114,8 @@ def test_metrics_parse_with_prometheus_client(served: Served):
     assert values[("omni_sessions_opened_total", ())] >= 1 and values[("omni_sessions_open", ())] == 0
     assert values[("omni_time_to_first_audio_seconds_count", ())] >= 1
     assert values[("omni_rtf_count", ())] >= 1 and values[("omni_responses_active", ())] == 0
+    assert sum(v for (name, _), v in values.items() if name == "omni_responses_total") >= 1  # responses ended
+    assert values[("process_resident_memory_bytes", ())] > 0
     assert values[("omni_kv_blocks_capacity", (("stage", "thinker"),))] > 0
     assert values[("omni_kv_blocks_used", (("stage", "thinker"),))] == 0  # the session has ended
     assert values[("omni_engine_steps_total", (("stage", "talker"),))] > 0

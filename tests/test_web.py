@@ -25,7 +25,8 @@ WEB = Path(__file__).resolve().parents[1] / "web"
 NODE = shutil.which("node")
 KEY = "web-test-key"
 IDS = {"call", "talk", "status", "error", "notice", "transcript", "voice", "apikey", "remember", "mode", "ttfa",
-       "instructions", "threshold", "prefix", "silence", "level", "speaking", "events", "message", "send"}
+       "instructions", "threshold", "prefix", "silence", "level", "speaking", "events", "message", "send",
+       "transcribe"}
 CONTROLS = {"input", "select", "textarea", "meter"}
 JS_TYPES = {"text/javascript", "application/javascript"}
 needs_node = pytest.mark.skipif(NODE is None, reason="Node.js is not installed")
@@ -172,8 +173,10 @@ def test_session_update_accepted_by_server(base):
         const tone = Float32Array.from({{length: 1200}}, (_, i) => 0.3 * Math.sin(i / 5));
         const base = {{instructions: 'Be brief.', threshold: 0.7, prefixPaddingMs: 200, silenceMs: 800,
                        model: {json.dumps(model)}}};
-        console.log(JSON.stringify({{ptt: audio.sessionUpdate({{...base, voice: '{first}', pushToTalk: true}}),
-                                    vad: audio.sessionUpdate({{...base, voice: '{second}', pushToTalk: false}}),
+        console.log(JSON.stringify({{ptt: audio.sessionUpdate({{...base, voice: '{first}', pushToTalk: true,
+                                                                transcribe: false}}),
+                                    vad: audio.sessionUpdate({{...base, voice: '{second}', pushToTalk: false,
+                                                                transcribe: true}}),
                                     chunk: audio.floatToPcm16Base64(tone)}}));""")
 
     async def talk() -> None:
@@ -197,7 +200,8 @@ def test_session_update_accepted_by_server(base):
                     assert updated["type"] == "session.updated", updated
                     cfg = updated["session"]["audio"]
                     assert (cfg["input"]["turn_detection"] or {}).get("type") == detection
-                    assert cfg["input"]["transcription"]["model"] == model["id"]
+                    transcription = cfg["input"]["transcription"]  # only when the page's box is ticked
+                    assert transcription == ({"model": model["id"]} if detection else None), transcription
                     assert cfg["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
                     assert cfg["output"]["voice"] == voice
                     assert updated["session"]["instructions"] == "Be brief."
@@ -219,3 +223,13 @@ def test_median_and_backoff():
         b: [0, 1, 2, 3, 4, 5, 10].map(audio.backoffMs)}));""")
     assert out["m"] == [None, 5, 2, 5, 3]
     assert out["b"] == [500, 1000, 2000, 4000, 8000, 8000, 8000]  # capped: a restarted server is found within 8 s
+
+
+@needs_node
+def test_number_fields_send_what_they_show():
+    """The page writes fieldNumber's result back into the field, so what is shown is what is sent."""
+    out = node("""const silence = {min: 100, max: 5000, step: 50}, prefix = {min: 0, max: 2000, step: 50};
+        console.log(JSON.stringify([['50', silence], ['99999', silence], ['777', silence], ['', silence],
+          ['abc', silence], ['-5', prefix], ['2000', prefix], ['1999', prefix], ['300', prefix]]
+          .map(([t, r]) => audio.fieldNumber(t, r, 'fallback'))));""")
+    assert out == [100, 5000, 800, "fallback", "fallback", 0, 2000, 2000, 300]

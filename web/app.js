@@ -6,7 +6,7 @@ const $ = (id) => document.getElementById(id);
 const ui = Object.fromEntries([
   'settings', 'call', 'talk', 'status', 'error', 'notice', 'transcript', 'voice', 'apikey', 'remember', 'mode', 'ttfa',
   'instructions', 'threshold', 'threshold-value', 'prefix', 'silence', 'vad-settings', 'level', 'speaking',
-  'events', 'log-count', 'composer', 'message', 'send', 'model-id',
+  'events', 'log-count', 'composer', 'message', 'send', 'model-id', 'transcribe', 'log',
 ].map((id) => [id, $(id)]));
 const SEND_SAMPLES = RATE / 20; // one input_audio_buffer.append per ~50 ms of audio
 const KEY_STORE = 'omni-realtime.api-key';
@@ -25,10 +25,15 @@ const demo = (window.demo = { events: [], sent: [], errors: [], ttfa: [], trunca
                               outputActive: false, connects: 0 });
 
 const ptt = () => ui.mode.value === 'ptt';
+const touch = matchMedia('(pointer: coarse)').matches;
+const phone = () => matchMedia('(max-width: 899px)').matches;
+// a number field shows exactly what is sent: the value is put on its min/max/step grid when it changes
+const numberOf = (el, fallback) => fieldNumber(el.value, { min: Number(el.min), max: Number(el.max),
+                                                           step: Number(el.step) }, fallback);
 const settings = () => ({
   voice: ui.voice.value, pushToTalk: ptt(), instructions: ui.instructions.value.trim(), model: served,
-  threshold: Number(ui.threshold.value), prefixPaddingMs: Number(ui.prefix.value) || 0,
-  silenceMs: Math.max(100, Number(ui.silence.value) || 500),
+  threshold: Number(ui.threshold.value), prefixPaddingMs: numberOf(ui.prefix, 300),
+  silenceMs: numberOf(ui.silence, 500), transcribe: ui.transcribe.checked,
 });
 
 function send(event) {
@@ -49,6 +54,8 @@ function setState(state, text) {
   ui.talk.textContent = holding ? 'Release to send' : 'Hold to talk';
   ui.talk.classList.toggle('held', holding);
   ui.message.disabled = ui.send.disabled = !ready;
+  ui.transcript.dataset.hint = !live ? 'Connect, then speak or type a message. The conversation appears here.'
+    : !ready ? 'Connecting…' : mic ? 'Speak or type a message.' : 'Type a message.';
   ui['vad-settings'].disabled = ptt();
 }
 
@@ -109,6 +116,7 @@ async function connect() {
   wanted = true;
   attempt = 0;
   t0 = t0 ?? performance.now();
+  if (phone()) ui.settings.open = false; // the conversation gets the screen
   showError('');
   setState('connecting', secure ? 'Starting the microphone…' : 'Connecting (text only: no microphone here)…');
   ui.call.disabled = true; // the permission prompt may take a while: no second connect meanwhile
@@ -334,7 +342,7 @@ function stopPlayback(truncate = true) {
     demo.truncated.push({ item_id: id, audio_end_ms: ms });
     play.dropped.add(item.response);
     const el = document.querySelector(`[data-item="${id}"]`);
-    if (el) el.classList.add('interrupted');
+    if (el) keepInView(() => el.classList.add('interrupted'));
   }
   for (const src of play.sources) src.stop();
   play.sources.clear();
@@ -351,25 +359,28 @@ setInterval(() => { // the output activity light: on while scheduled audio is st
 // -- transcript ---------------------------------------------------------------------------------
 const atBottom = () => { const t = ui.transcript; return t.scrollTop + t.clientHeight >= t.scrollHeight - 40; };
 
+function keepInView(change) { // the newest line stays in view as messages grow, unless the user scrolled up to read
+  const follow = atBottom();
+  const out = change();
+  if (follow) ui.transcript.scrollTop = ui.transcript.scrollHeight;
+  return out;
+}
+
 function bubble(itemId, role) {
   let el = document.querySelector(`[data-item="${itemId}"]`);
   if (!el) {
-    const follow = atBottom();
     el = Object.assign(document.createElement('article'), { className: `turn ${role}` });
     el.dataset.item = itemId;
     el.innerHTML = '<h2 class="who"></h2><p class="text"></p>';
     el.querySelector('.who').textContent = role === 'user' ? 'You' : 'Assistant';
-    ui.transcript.append(el);
-    if (follow) ui.transcript.scrollTop = ui.transcript.scrollHeight;
+    keepInView(() => ui.transcript.append(el));
   }
   return el;
 }
 
 function setText(itemId, role, text, append = false) {
-  const follow = atBottom(); // keep the newest line in view, unless the user scrolled up to read
   const p = bubble(itemId, role).querySelector('.text');
-  p.textContent = append ? p.textContent + text : text;
-  if (follow) ui.transcript.scrollTop = ui.transcript.scrollHeight;
+  keepInView(() => { p.textContent = append ? p.textContent + text : text; });
 }
 
 function firstAudio(ev) { // time to first audio: end of the user's turn -> first audio delta
@@ -379,12 +390,13 @@ function firstAudio(ev) { // time to first audio: end of the user's turn -> firs
   demo.ttfa.push(ms);
   const n = demo.ttfa.length;
   ui.ttfa.textContent = `first audio ${ms} ms · median ${median(demo.ttfa)} ms (${n} turn${n > 1 ? 's' : ''})`;
-  bubble(ev.item_id, 'assistant').dataset.ttfa = `${ms} ms`;
+  const el = bubble(ev.item_id, 'assistant');
+  keepInView(() => { el.dataset.ttfa = `${ms} ms`; });
 }
 
 // -- server events ------------------------------------------------------------------------------
-const idleText = () => (!mic ? 'Ready: type a message' : ptt() ? 'Hold the button (or Space) to talk'
-  : 'Listening: just speak');
+const idleText = () => (!mic ? 'Ready: type a message' : !ptt() ? 'Listening: just speak'
+  : touch ? 'Hold the button to talk' : 'Hold the button (or Space) to talk');
 const dropped = (ev) => play.dropped.has(ev.response_id); // a response the user talked over
 const contentText = (item) => (item.content || []).map((c) => c.text ?? c.transcript ?? '').join('');
 
@@ -430,8 +442,21 @@ function onEvent(ev) {
   if (HANDLERS[ev.type]) HANDLERS[ev.type](ev);
 }
 
+function markEnded(response) { // a reply that did not run to its end says so under its bubble
+  const reason = response.status_details && response.status_details.reason;
+  const why = response.status === 'incomplete' ? `incomplete: cut off (${reason || 'limit'})`
+    : response.status === 'failed' ? 'failed' : null;
+  for (const item of why ? response.output || [] : []) {
+    const el = document.querySelector(`[data-item="${item.id}"]`);
+    if (el && !el.classList.contains('interrupted')) {
+      keepInView(() => { el.classList.add('incomplete'); el.dataset.ended = why; });
+    }
+  }
+}
+
 function onResponseDone(response) {
   activeResponse = null;
+  markEnded(response);
   const error = response.status_details && response.status_details.error;
   if (response.status === 'failed') showError(`Response failed: ${(error && error.message) || 'unknown error'}`);
   if (createAfterDone) send({ type: 'response.create' });
@@ -454,7 +479,15 @@ ui.composer.addEventListener('submit', (e) => {
   ui.message.value = '';
 });
 ui.threshold.addEventListener('input', () => { ui['threshold-value'].textContent = Number(ui.threshold.value).toFixed(2); });
-for (const el of [ui.voice, ui.threshold, ui.prefix, ui.silence, ui.instructions]) el.addEventListener('change', update);
+for (const [el, fallback] of [[ui.prefix, 300], [ui.silence, 500]]) {
+  el.addEventListener('change', () => { el.value = numberOf(el, fallback); });
+}
+for (const el of [ui.voice, ui.threshold, ui.prefix, ui.silence, ui.instructions, ui.transcribe]) {
+  el.addEventListener('change', update);
+}
+for (const [a, b] of [[ui.settings, ui.log], [ui.log, ui.settings]]) { // a phone shows one panel at a time
+  a.addEventListener('toggle', () => { if (a.open && phone()) b.open = false; });
+}
 ui.mode.addEventListener('change', () => {
   if (!ready) return setState(document.body.dataset.state, ui.status.textContent);
   if (ptt()) send({ type: 'input_audio_buffer.clear' }); // drop half a turn the VAD was collecting
@@ -482,6 +515,6 @@ if (!secure) {
     + 'To talk, open it as http://localhost:… on the server machine, or serve HTTPS '
     + '(omni-realtime serve --ssl-certfile … --ssl-keyfile …).';
 }
-if (matchMedia('(max-width: 899px)').matches) ui.settings.open = false; // a phone: the chat first
+if (phone()) ui.settings.open = false; // a phone: the chat first
 setState('idle', 'Disconnected');
 loadModel();

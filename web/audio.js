@@ -41,8 +41,8 @@ function makeResampler(from, to) {
   };
 }
 
-// settings: {voice, pushToTalk, instructions, threshold, prefixPaddingMs, silenceMs} (the page's controls) and
-// model: the served model from /v1/models ({id, capabilities}), or null when the server did not say
+// settings: {voice, pushToTalk, instructions, threshold, prefixPaddingMs, silenceMs, transcribe} (the page's
+// controls) and model: the served model from /v1/models ({id, capabilities}), or null when the server did not say
 function sessionUpdate(settings) {
   const format = { type: 'audio/pcm', rate: RATE };
   const caps = settings.model ? settings.model.capabilities : { audio_out: true, transcription: true };
@@ -50,7 +50,8 @@ function sessionUpdate(settings) {
     type: 'server_vad', threshold: settings.threshold, prefix_padding_ms: settings.prefixPaddingMs,
     silence_duration_ms: settings.silenceMs,
   };
-  const transcription = caps.transcription ? { model: settings.model ? settings.model.id : null } : null;
+  const transcribe = settings.transcribe && caps.transcription; // costs a model pass per turn
+  const transcription = transcribe ? { model: settings.model ? settings.model.id : null } : null;
   const output = { format };
   if (caps.audio_out && settings.voice) output.voice = settings.voice;
   const session = { type: 'realtime', instructions: settings.instructions,
@@ -65,9 +66,18 @@ function median(xs) {
   return s.length % 2 ? s[m] : Math.round((s[m - 1] + s[m]) / 2);
 }
 
+// A number field's value as it will be sent: within [min, max], on the step grid from min; `fallback` if empty.
+function fieldNumber(text, { min, max, step }, fallback) {
+  const x = Number(text);
+  if (text === '' || !Number.isFinite(x)) return fallback;
+  const on = Math.round((Math.min(max, Math.max(min, x)) - min) / step) * step + min;
+  return Math.min(max, on);
+}
+
 // Reconnect delays: 0.5 s, 1, 2, 4, then 8 s at most.
 const backoffMs = (attempt) => Math.min(500 * 2 ** attempt, 8000);
 
 if (typeof module !== 'undefined') {
-  module.exports = { RATE, floatToPcm16Base64, base64ToFloat, makeResampler, sessionUpdate, median, backoffMs };
+  module.exports = { RATE, floatToPcm16Base64, base64ToFloat, makeResampler, sessionUpdate, median, backoffMs,
+                     fieldNumber };
 }

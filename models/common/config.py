@@ -34,7 +34,8 @@ def required(d: dict, key: str, where: str, *aliases: str, optional: dict[str, A
             return d[k]
     if key in optional:
         return optional[key]
-    raise ConfigError(f"{where}: required key '{key}' is missing from config.json")
+    inside = "" if where == "config.json" else f" (in {where})"
+    raise ConfigError(f"required key '{key}' is missing from config.json{inside}")
 
 
 def rope_params(d: dict, where: str) -> tuple[float, tuple[int, ...], bool]:

@@ -97,6 +97,8 @@ class TurnState:
     speaking: bool = True  # False for text-only turns and for replies that are tool calls
     tool_call_id: int = -1  # the token that opens a tool call (<tool_call>)
     audio_token_id: int = -1  # audio_pad: one input token of audio
+    # (sampled token, embedding) -> the ones kept: tool_choice "required" or a function (forced_call.py)
+    force: Callable[[int, torch.Tensor], tuple[int, torch.Tensor]] | None = None
     reply_ids: list[int] = field(default_factory=list)
     thinker_done: bool = False
     text_stop: str = "completed"
@@ -137,6 +139,8 @@ class TurnState:
 
     def on_token(self, token: int, embed: torch.Tensor, projected: torch.Tensor | None) -> None:
         """A sampled reply token; `projected` is its talker text row (when speaking)."""
+        if self.force is not None:
+            token, embed = self.force(token, embed)
         first = not self.reply_ids
         if first:
             self.t_first_text = time.perf_counter()

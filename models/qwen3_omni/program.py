@@ -25,6 +25,7 @@ from pipelines.types import Message, Turn
 
 from .audio_features import audio_token_count, log_mel
 from .conversation import Session, TurnState
+from .forced_call import CallWriter, forcing
 from .model import Qwen3Omni, load_model
 from .placement import PipelineConfig, kv_layouts
 from .spec import INPUT_RATE, TurnSettings, omni_spec
@@ -72,8 +73,6 @@ class Qwen3OmniProgram(StagedProgram):
         """Refuse text that is not Unicode, or a prompt that cannot fit, in time bounded by the limit."""
         if not turn.messages:
             raise ValueError("a turn needs at least one message")
-        if not session.ids and all(m.role == "system" for m in turn.messages):
-            raise ValueError("nothing to answer: the conversation has no user, assistant or tool message")
         limit = BYTES_PER_TOKEN * self.max_context
         calls = [c.name + c.arguments for m in turn.messages for c in m.tool_calls]
         choice = turn.options.tool_choice
@@ -124,6 +123,9 @@ class Qwen3OmniProgram(StagedProgram):
             audio_features=features, speaking=opts.audio, tool_call_id=self.tokenizer.special_ids["<tool_call>"],
             audio_token_id=self.model.cfg.thinker.audio_token_id,
         )
+        writer = CallWriter.for_choice(self.tokenizer, opts.tools, opts.tool_choice)
+        if writer is not None:
+            state.force = forcing(writer, self.model.thinker.embed)
         works: list[tuple[Stage, Work]] = []
         s = self.by_name
         if features:

@@ -44,6 +44,13 @@ def checkpoint_sampling(model: str, stage: str, default: SamplingParams) -> Samp
     )
 
 
+def describe(model: str) -> ModelSpec:
+    """What `model` (a preset or a checkpoint directory) declares, from its config alone (no weights)."""
+    from .tiny import PRESETS
+
+    return omni_spec(OmniConfig.from_hf(PRESETS[model]()) if model in PRESETS else OmniConfig.from_file(model), model)
+
+
 def omni_spec(cfg: OmniConfig, model: str) -> ModelSpec:
     speaks = cfg.talker is not None
     sampling = {n: checkpoint_sampling(model, n, p) for n, p in DEFAULTS.items() if speaks or n == "thinker"}

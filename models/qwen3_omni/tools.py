@@ -84,7 +84,7 @@ def tools_system(system_text: str, tools: Tools, tool_choice: str | Mapping = "a
     - {"type": "function", "name": N}: only tool N offered, and FORCED_INSTRUCTION appended.
 
     The instructions go into the system text, so the rendered turn is still one Qwen's template produces.
-    Nothing forces the model; the gateway may check the reply. Unknown choices or names raise ValueError.
+    The reply itself is then kept to one call by forced_call.CallWriter. Unknown choices or names raise ValueError.
     """
     if tool_choice == "none":
         return system_text

@@ -1,0 +1,111 @@
+"""What the CLI checks before the model loads: every mistake is a UsageError naming its flag, with a hint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from pipelines.spec import ModelSpec
+
+
+class UsageError(Exception):
+    """A mistake in what the user asked for: printed as one line, exit code 2."""
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_before_loading(args: argparse.Namespace) -> ModelSpec:
+    """The model's config and the device, checked before anything loads; what the model declares."""
+    check_model(args.model)
+    spec = check_model_config(args.model)
+    check_device(args.device or default_device())
+    return spec
+
+
+def check_positive(args: argparse.Namespace, *names: str) -> None:
+    for name in names:
+        if getattr(args, name) <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive (got {getattr(args, name):g})")
+
+
+def check_model(model: str) -> None:
+    """Fail early, naming the file, on a model path that cannot load."""
+    from models.registry import presets
+
+    if model in presets():
+        return
+    path = Path(model)
+    if not path.is_dir():
+        raise UsageError(f"--model {model}: no such directory (give a checkpoint directory, or one of "
+                         f"{', '.join(presets())})")
+    config = path / "config.json"
+    if not config.is_file():
+        raise UsageError(f"--model {model}: no config.json in that directory")
+    try:
+        data = json.loads(config.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{config}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{config}: not a JSON object (a checkpoint's config.json is one)")
+
+
+def check_model_config(model: str) -> ModelSpec:
+    """Read the model's config without its weights, so that a broken one fails before anything loads."""
+    from models.registry import describe
+
+    try:
+        return describe(model)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise UsageError(f"--model {model}: {e}") from None
+
+
+def check_device(device: str) -> None:
+    import torch
+
+    try:
+        kind = torch.device(device)
+    except RuntimeError:
+        raise UsageError(f"--device {device}: not a torch device (give cpu, cuda or cuda:N)") from None
+    if kind.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {device}: this torch ({torch.__version__}) sees no CUDA GPU; use --device cpu "
+                         "or install a CUDA build of torch")
+    if kind.type == "cuda" and kind.index is not None and kind.index >= torch.cuda.device_count():
+        raise UsageError(f"--device {device}: there are {torch.cuda.device_count()} CUDA devices (cuda:0 first)")
+
+
+def check_voice(spec: ModelSpec, voice: str) -> None:
+    if not spec.speaks:
+        return
+    try:
+        spec.voice(voice)
+    except ValueError as e:
+        raise UsageError(f"--voice {voice}: {e}") from None
+
+
+def check_out(path: str) -> None:
+    out = Path(path)
+    if out.is_dir():
+        raise UsageError(f"--out {path}: is a folder; give a file name such as {out / 'answer.wav'}")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {path}: the folder {out.parent} does not exist (create it first)")
+    if not os.access(out.parent, os.W_OK):
+        raise UsageError(f"--out {path}: the folder {out.parent} is not writable")
+
+
+def read_audio(path: str) -> tuple:
+    from .wav import AudioFileError, read_wav
+
+    if not Path(path).is_file():
+        raise UsageError(f"--audio {path}: no such file")
+    try:
+        return read_wav(path)
+    except AudioFileError as e:
+        raise UsageError(f"--audio {path}: {e}") from None
+
+
