@@ -64,9 +64,9 @@ def _items_from_client(raws: list, fmt: AudioFormat, rate: int) -> list[Item]:
     return [item_from_client(raw, fmt, rate) for raw in raws]
 
 
-def _item_to_add(raw: dict, fmt: AudioFormat) -> Item:
+def _item_to_add(raw: dict, fmt: AudioFormat, rate: int) -> Item:
     """A conversation.item.create's item, refused when its echoes (item.added and item.done) would be huge."""
-    item = item_from_client(raw, fmt)
+    item = item_from_client(raw, fmt, rate)
     if len(json.dumps(item.data)) > MAX_ITEM_CHARS:
         raise ProtocolError("item_too_large", f"Item is larger than {MAX_ITEM_CHARS >> 20} MiB as JSON: send its "
                             "text in smaller items (the model's context holds far less anyway).", "item")
@@ -246,7 +246,7 @@ class RealtimeSession:
         if len(self.conversation.items) >= self.limits.max_items:
             raise ProtocolError("conversation_full", f"The conversation holds {self.limits.max_items} items; "
                                 "delete some first.")
-        item, = await self._off(_items_from_client, [raw], self.input_format, self.pipeline.spec.input_rate)
+        item = await self._off(_item_to_add, raw, self.input_format, self.pipeline.spec.input_rate)
         if any(i.id == item.id for i in self.conversation.items):
             raise ProtocolError("invalid_value", f"Item {clip(item.id)} already exists.", "item.id")
         prev = self.conversation.insert(item, event.get("previous_item_id"))

@@ -80,7 +80,8 @@ def test_a_missing_audio_file_names_its_flag(tmp_path: Path):
 
 
 def test_an_unknown_speaker_fails_before_the_model_loads():
-    one_line_error(run("generate", "--text", "hi", "--speaker", "bob"), "generate", "--speaker bob", "ethan")
+    for flag in ("--voice", "--speaker"):  # --speaker is --voice's old name
+        one_line_error(run("generate", "--text", "hi", flag, "bob"), "generate", "--voice bob", "ethan")
 
 
 def test_generate_help_has_a_description():

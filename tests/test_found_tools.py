@@ -9,8 +9,8 @@ import json
 import random
 
 import pytest
-from models.qwen3_omni.tokenizer import Tokenizer
 
+from models.common.tokenizer import Tokenizer
 from models.qwen3_omni.forced_call import CallWriter
 from models.qwen3_omni.tools import parse_tool_calls
 from models.registry import build_pipeline

@@ -32,7 +32,8 @@ from typing import Any
 
 import torch
 
-from .tokenizer import Tokenizer
+from models.common.tokenizer import Tokenizer
+
 from .tools import qwen_tool
 
 MAX_STRING_TOKENS = 8
