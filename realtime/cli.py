@@ -90,6 +90,12 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--allowed-origins", default="",
                        help="comma-separated browser origins allowed besides the server's own host, or '*'")
     serve.add_argument("--max-sessions-per-client", type=int, default=16, help="sessions per client address")
+    serve.add_argument("--drain-seconds", type=float, default=30.0,
+                       help="on SIGTERM: turn not-ready, refuse new sessions (1013), let open ones run this long, "
+                            "then close the rest (1001) and exit 0; a second signal stops at once")
+    serve.add_argument("--drain-notice-seconds", type=float, default=0.0,
+                       help="keep taking new sessions this long after SIGTERM (the proxy's time to see "
+                            "/health/ready turn 503)")
     gen = sub.add_parser("generate", help="answer one turn offline through the streaming pipeline",
                          formatter_class=HelpFormatter)
     add_common_args(gen)
@@ -214,6 +220,7 @@ def tls(args: argparse.Namespace) -> ssl.SSLContext | None:
 
 
 def serve(args: argparse.Namespace) -> int:
+    from .drain import DrainConfig
     from .security import Gate
     from .server import ServerConfig, run
     from .session import Limits
@@ -222,6 +229,8 @@ def serve(args: argparse.Namespace) -> int:
         raise UsageError("--max-sessions and --max-session-minutes must be positive")
     if args.threads < 1 or args.max_sessions_per_client < 1:
         raise UsageError("--threads and --max-sessions-per-client must be positive")
+    if args.drain_seconds < 0 or args.drain_notice_seconds < 0:
+        raise UsageError("--drain-seconds and --drain-notice-seconds must be zero or more")
     import torch
 
     torch.set_num_threads(args.threads)
@@ -242,7 +251,8 @@ def serve(args: argparse.Namespace) -> int:
         else Limits()
     cfg = ServerConfig(model_name=args.model_name, api_key=key or None, max_sessions=args.max_sessions,
                        max_session_s=args.max_session_minutes * 60, limits=limits, bind_host=args.host,
-                       allowed_origins=origins, max_sessions_per_client=args.max_sessions_per_client)
+                       allowed_origins=origins, max_sessions_per_client=args.max_sessions_per_client,
+                       drain=DrainConfig(args.drain_seconds, args.drain_notice_seconds))
     startup_line(args, sock, ssl_context is not None)
     run(pipeline, cfg, sock, ssl_context)
     return 0
