@@ -22,6 +22,8 @@ FAMILIES = {
     "omni_time_to_first_audio_seconds": "histogram", "omni_rtf": "histogram", "omni_errors": "counter",
     "omni_responses_active": "gauge", "omni_kv_blocks_used": "gauge", "omni_kv_blocks_capacity": "gauge",
     "omni_engine_steps": "counter", "omni_engine_busy_seconds": "counter",
+    "omni_ready": "gauge", "omni_draining": "gauge", "omni_sessions_max": "gauge", "omni_sessions_free": "gauge",
+    "omni_kv_conversations_free": "gauge",  # realtime/readiness.py
 }
 
 
