@@ -264,7 +264,7 @@ def test_rolling_restart_under_a_session_every_200_ms_fails_no_open_and_cuts_no_
 
     async def go() -> dict:
         results = {"opened": 0, "asked": 0, "replied": 0, "cut": 0, "failed_open": 0, "errors": [], "exit_codes": [],
-                   "drain_s": []}
+                   "drain_s": [], "opened_while_draining": [], "drained": []}
         stop = asyncio.Event()
         tasks: list[asyncio.Task] = []
 
@@ -280,6 +280,11 @@ def test_rolling_restart_under_a_session_every_200_ms_fails_no_open_and_cuts_no_
             r.proc.send_signal(signal.SIGTERM)
             results["exit_codes"].append(await asyncio.to_thread(r.proc.wait, 60))
             results["drain_s"].append(round(time.monotonic() - start, 1))
+            records = [json.loads(x) for x in r.lines if x.startswith("{")]
+            begun = next(i for i, x in enumerate(records) if x.get("message") == "draining")
+            results["opened_while_draining"].append(sum(x.get("message") == "session.open" for x in records[begun:]))
+            drained = next(x for x in records if x.get("message") == "drained")
+            results["drained"].append((drained["seconds"], drained["sessions_left"]))
             r.start()
             await asyncio.to_thread(proxy.wait, r.name, "UP", 120)
         stop.set()
@@ -291,5 +296,6 @@ def test_rolling_restart_under_a_session_every_200_ms_fails_no_open_and_cuts_no_
     out = asyncio.run(go())
     print("\nrolling restart:", {k: v for k, v in out.items() if k != "errors"}, out["errors"][:3])
     assert out["exit_codes"] == [0, 0, 0]
+    assert all(left == 0 for _, left in out["drained"])  # every drain ended with its sessions done, not at the window
     assert out["failed_open"] == 0 and out["cut"] == 0
     assert out["opened"] == out["attempts"] >= 50 and out["replied"] >= out["attempts"] // SPEAK_EVERY
