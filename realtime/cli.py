@@ -91,6 +91,12 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--allowed-origins", default="",
                        help="comma-separated browser origins allowed besides the server's own host, or '*'")
     serve.add_argument("--max-sessions-per-client", type=int, default=16, help="sessions per client address")
+    serve.add_argument("--drain-seconds", type=float, default=30.0,
+                       help="on SIGTERM: turn not-ready, refuse new sessions (1013), let open ones run this long, "
+                            "then close the rest (1001) and exit 0; a second signal stops at once")
+    serve.add_argument("--drain-notice-seconds", type=float, default=0.0,
+                       help="keep taking new sessions this long after SIGTERM (the proxy's time to see "
+                            "/health/ready turn 503)")
     gen = sub.add_parser("generate", help="answer one turn offline through the streaming pipeline",
                          formatter_class=HelpFormatter,
                          description="Answer one user turn (audio, text or both) offline through the same streaming "
@@ -211,6 +217,7 @@ def tls(args: argparse.Namespace) -> ssl.SSLContext | None:
 
 
 def serve(args: argparse.Namespace) -> int:
+    from .drain import DrainConfig
     from .security import Gate
     from .server import ServerConfig, run
     from .session import Limits
@@ -218,6 +225,9 @@ def serve(args: argparse.Namespace) -> int:
     check_positive(args, "max_sessions", "max_session_minutes", "threads", "max_sessions_per_client")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: a TCP port is 0-65535 (0: any free port)")
+    for flag in ("drain_seconds", "drain_notice_seconds"):
+        if getattr(args, flag) < 0:
+            raise UsageError(f"--{flag.replace('_', '-')} must be zero or more (got {getattr(args, flag):g})")
     check_before_loading(args)
     import torch
 
@@ -242,7 +252,8 @@ def serve(args: argparse.Namespace) -> int:
         if args.model == pipeline.spec.tiny else Limits()
     cfg = ServerConfig(model_name=args.model_name, api_key=key or None, max_sessions=args.max_sessions,
                        max_session_s=args.max_session_minutes * 60, limits=limits, bind_host=args.host,
-                       allowed_origins=origins, max_sessions_per_client=args.max_sessions_per_client)
+                       allowed_origins=origins, max_sessions_per_client=args.max_sessions_per_client,
+                       drain=DrainConfig(args.drain_seconds, args.drain_notice_seconds))
     startup_line(args, sock, ssl_context is not None)
     run(pipeline, cfg, sock, ssl_context)
     return 0

@@ -21,9 +21,11 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from pipelines.pipeline import Pipeline
 
+from .drain import Drain, DrainConfig
 from .logs import SessionTrail
 from .metrics import Metrics
 from .protocol import MAX_EVENT_CHARS
+from .readiness import Readiness
 from .security import KEY_PROTOCOL, Gate, is_loopback, key_matches, redact_logs
 from .session import Limits, RealtimeSession
 
@@ -47,6 +49,7 @@ class ServerConfig:
     bind_host: str = "127.0.0.1"  # loopback: localhost origins of any port are allowed too
     audio_workers: int = 2  # threads for the sessions' audio work
     limits: Limits = Limits()
+    drain: DrainConfig = DrainConfig()
 
 
 class Outbox:
@@ -88,6 +91,8 @@ class Server:
         self.sockets: dict[web.WebSocketResponse, web.Request] = {}
         self.per_client: Counter[str] = Counter()
         self.audio = ThreadPoolExecutor(cfg.audio_workers, thread_name_prefix="audio")
+        self.drain = Drain(cfg.drain, lambda: self.metrics.sessions)
+        self.readiness = Readiness(pipeline, self.metrics, cfg.max_sessions, lambda: self.drain.draining)
         redact_logs(cfg.api_key)
         _return_large_frees()
 
@@ -95,6 +100,8 @@ class Server:
         app = web.Application(client_max_size=1024 * 1024, middlewares=[self._check_browser])
         app.router.add_get("/v1/realtime", self.realtime)
         app.router.add_get("/health", self.health)
+        app.router.add_get("/health/ready", self.ready)
+        app.on_startup.append(self.readiness.on_startup)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics_text)
         app.on_shutdown.append(self._close_sockets)
@@ -145,6 +152,11 @@ class Server:
                      "last_error": None if self.pipeline.error is None else repr(self.pipeline.error)}
         return web.json_response(body, status=200 if ok else 503)
 
+    async def ready(self, request: web.Request) -> web.Response:
+        """Readiness: 200 when this replica takes new sessions now, else 503 with the reason."""
+        reason = await self.readiness.reason()
+        return web.json_response({"status": reason or "ready"}, status=503 if reason else 200)
+
     async def models(self, request: web.Request) -> web.Response:
         if not self._authorized(request, None):
             return web.json_response(INVALID_KEY, status=401)
@@ -178,6 +190,10 @@ class Server:
                                    max_msg_size=MAX_EVENT_CHARS, timeout=self.cfg.close_timeout_s)
         await ws.prepare(request)
         client = request.remote or "unknown"
+        if self.drain.refusing():
+            self.metrics.rejected_total += 1
+            await self._close(ws, request, WSCloseCode.TRY_AGAIN_LATER, b"server is draining")
+            return ws
         if self.metrics.sessions >= self.cfg.max_sessions or \
                 self.per_client[client] >= self.cfg.max_sessions_per_client:
             self.metrics.rejected_total += 1
@@ -284,9 +300,12 @@ def _refuse(status: int, code: str, message: str) -> web.Response:
 
 def run(pipeline: Pipeline, cfg: ServerConfig, sock: socket.socket, ssl_context: ssl.SSLContext | None = None) -> None:
     """Serve on `sock` (bound and listening already: a port in use fails before the model loads) until
-    SIGTERM or SIGINT, then close every socket (1001) within cfg.close_timeout_s and return."""
+    SIGTERM or SIGINT and its drain (realtime/drain.py), then close every socket (1001) within
+    cfg.close_timeout_s and return."""
     server = Server(pipeline, cfg)
+    app = server.app()
+    app.on_startup.append(server.drain.install_signals)
     with pipeline:
-        web.run_app(server.app(), sock=sock, ssl_context=ssl_context, print=None,
+        web.run_app(app, sock=sock, ssl_context=ssl_context, print=None, handle_signals=False,
                     shutdown_timeout=cfg.close_timeout_s + 1)
         log.info("server stopped; stopping the engine")

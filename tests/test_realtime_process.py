@@ -31,8 +31,8 @@ def serve(log: Path, env: dict[str, str] | None = None) -> Iterator[tuple[subpro
         port = s.getsockname()[1]
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "realtime.cli", "serve", "--model", "tiny", "--port", str(port),
-                                 "--threads", "1"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, **(env or {})})
+                                 "--threads", "1", "--drain-seconds", "0"], cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     try:
         for _ in range(600):
             try:

@@ -27,6 +27,8 @@ FAMILIES = {
     "process_start_time_seconds": "gauge", "process_open_fds": "gauge", "process_max_fds": "gauge",
     "python_gc_objects_collected": "counter", "python_gc_objects_uncollectable": "counter",
     "python_gc_collections": "counter", "python_info": "gauge",
+    "omni_ready": "gauge", "omni_draining": "gauge", "omni_sessions_max": "gauge", "omni_sessions_free": "gauge",
+    "omni_kv_conversations_free": "gauge",  # realtime/readiness.py
 }
 
 
