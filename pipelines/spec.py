@@ -29,6 +29,8 @@ class ModelSpec:
     text_out: bool = True  # writes a text reply (a speech-only model does not)
     transcribes: bool = False  # can transcribe the audio it hears
     tools: bool = False  # can call functions
+    reads_aloud: bool = False  # speaks a given text as it is (text to speech: /v1/audio/speech)
+    clones: bool = False  # speaks in a voice cloned from reference audio (GenerationOptions.reference_audio)
     sampling: Mapping[str, SamplingParams] = field(default_factory=dict)
     tiny: str = ""  # the name of its tiny random-weight preset
 
@@ -66,4 +68,5 @@ class ModelSpec:
             "input_rate": self.input_rate, "output_rate": self.output_rate, "voices": list(self.voices),
             "default_voice": self.default_voice, "languages": list(self.languages),
             "instructions": self.instructions, "transcription": self.transcribes, "tools": self.tools,
+            "speech": self.reads_aloud, "voice_cloning": self.clones,
         }
