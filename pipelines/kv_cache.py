@@ -46,11 +46,6 @@ class KVLayout:
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
-    @property
-    def bytes_per_block(self) -> int:
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.kv_heads * self.head_dim * itemsize
-
 
 @dataclass
 class SeqBlocks:

@@ -8,7 +8,7 @@ Positions. For text and audio prompts the reference's multimodal rope index is t
 0..T-1 on all three rows (its audio-only branch uses the attention-mask cumsum; even its vision branch
 would give audio one position per token, contiguous with the text around it), and its rope delta is 0,
 so cached decoding and later turns simply continue the count: a token's position is the number of
-tokens before it in the session. `text_positions` builds these.
+tokens before it in the session.
 
 Captured hidden state. The talker reads `hidden_states[accept_hidden_layer]` of the thinker, where
 index 0 is the input embeddings (audio merged in), index k the output of decoder layer k-1, and the
@@ -122,12 +122,3 @@ def merge_audio(embeds: torch.Tensor, ids: torch.Tensor, audio: torch.Tensor, au
         raise ValueError(f"{count} audio_pad tokens but {audio.shape[0]} audio embeddings")
     return embeds.masked_scatter(mask[..., None], audio.to(embeds.dtype))
 
-
-def text_positions(
-    batch: int, length: int, start: int | torch.Tensor = 0, device: torch.device | None = None
-) -> torch.Tensor:
-    """mrope positions [3, B, T] for `length` text/audio tokens that follow `start` earlier tokens of the
-    session (an int, or a [B] tensor when rows have different histories): start..start+T-1 on all rows."""
-    offset = torch.as_tensor(start, device=device).reshape(-1, 1)
-    pos = torch.arange(length, device=offset.device)[None, :] + offset
-    return pos.expand(batch, length)[None].expand(3, batch, length)
