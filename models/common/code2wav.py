@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.common.config import Code2WavConfig
-from models.common.layers import RMSNorm, Rope, SelfAttention, SwiGLU, attention
+from models.common.layers import RMSNorm, Rope, SelfAttention, SwiGLU, attention, run_layers
 
 
 class CausalConv(nn.Module):
@@ -157,10 +157,7 @@ class Transformer(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: SlidingKV) -> torch.Tensor:
         """x: [B, T, H]; positions: [B, T] frame indices."""
-        cos, sin = self.rope(positions, x.dtype)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, i, cache)
-        return self.norm(x)
+        return run_layers(self.layers, self.rope, self.norm, x, positions, cache)
 
 
 class CodeEmbedding(nn.Embedding):

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipelines.kv_cache import sdpa
+
 from . import fused
 
 
@@ -76,11 +78,7 @@ def attention(
         mask = kj <= qi
         if window is not None:
             mask &= kj > qi - window
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale,
-        enable_gqa=q.shape[2] != k.shape[2],
-    )
-    return out.transpose(1, 2)
+    return sdpa(q, k, v, mask, scale)
 
 
 USE_GROUPED_ON_CPU = False  # the per-expert loop is the CPU path; tests flip this to check both agree
