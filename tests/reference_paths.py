@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
+from models.common.chat import IM_END
 from models.common.frame import CodecFrame
+from models.common.tokenizer import Tokenizer
 from models.qwen3_omni.config import OmniConfig
 from models.qwen3_omni.talker import Talker
 from models.qwen3_omni.talker_prompt import TtsEmbeds, assistant_prefix, user_mask
@@ -93,3 +95,9 @@ def next_input(frame: CodecFrame, text: torch.Tensor) -> torch.Tensor:
     """[B, 1, H]: the talker's input for the step after `frame`, with text [B, H] (or [H]) from
     `TalkerPrompt.text_for_step`."""
     return (frame.embed_sum + text)[:, None]
+
+
+def reply_ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    """A reply's text re-encoded, then <|im_end|>: what render() puts after "assistant\n", unless the text starts
+    with whitespace holding a newline (that would merge with the template's newline). Sampled ids may differ."""
+    return [*tokenizer.encode(text), tokenizer.special_ids[IM_END]]

@@ -2,11 +2,9 @@
 
 Each step takes one input embedding and yields a hidden state; `codec_head` turns it into logits over
 codebook 0, and the code predictor (code_predictor.py) fills codebooks 1..15 of the same frame: the
-talker implements models/common/frame.py's FrameTalker. Every
-talker layer uses the routed MoE with a sigmoid-gated shared expert (the checkpoint has no dense talker
-layers, whatever `mlp_only_layers` / `decoder_sparse_step` say). Thinker states enter through two
-two-layer MLPs: `text_projection` for token embeddings, `hidden_projection` for the hidden states of
-multimodal (audio) positions. How those build the prompt and the per-frame inputs: talker_prompt.py.
+talker implements models/common/frame.py's FrameTalker. Thinker states enter through two two-layer MLPs:
+`text_projection` for token embeddings, `hidden_projection` for the hidden states of multimodal (audio)
+positions. How those build the prompt and the per-frame inputs: talker_prompt.py.
 """
 
 from __future__ import annotations

@@ -72,7 +72,6 @@ class ThinkerText(nn.Module):
 
     def __init__(self, cfg: TextConfig) -> None:
         super().__init__()
-        self.text_cfg = cfg
         self.model = TextModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
