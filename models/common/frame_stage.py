@@ -1,6 +1,5 @@
 """The frame LM's stage: a talker stream's prompt prefill (`FramePrefill`) and one whole codec frame per
-row per decode step (`FrameStep`), the only compute paths: fixed shapes (a CUDA graph per batch bucket
-when graphs are on), or a prefill too long for them at its own shape, eagerly.
+row per decode step (`FrameStep`), the only compute paths (frame_step.py).
 
 Each talker stream holds a row (slot) of the stage's repetition-penalty state, `seen` [slots + 1, V]:
 the codebook-0 ids it has made, updated on the device by whichever path made the frame. The last row
