@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from models.common.chat import IM_END
 from models.common.frame import CodecFrame
-from models.common.tokenizer import Tokenizer
+from models.common.tokenizer import _ADDED_FLAGS, Tokenizer
 from models.qwen3_omni.config import OmniConfig
 from models.qwen3_omni.talker import Talker
 from models.qwen3_omni.talker_prompt import TtsEmbeds, assistant_prefix, user_mask
@@ -101,3 +103,26 @@ def reply_ids(tokenizer: Tokenizer, text: str) -> list[int]:
     """A reply's text re-encoded, then <|im_end|>: what render() puts after "assistant\n", unless the text starts
     with whitespace holding a newline (that would merge with the template's newline). Sampled ids may differ."""
     return [*tokenizer.encode(text), tokenizer.special_ids[IM_END]]
+
+
+def save_tokenizer(tok: Tokenizer, path: str | Path) -> None:
+    """Write tokenizer.json, vocab.json, merges.txt and tokenizer_config.json (loadable by transformers)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tok.backend.save(str(path / "tokenizer.json"))
+    model = json.loads(tok.backend.to_str())["model"]
+    (path / "vocab.json").write_text(json.dumps(model["vocab"], ensure_ascii=False), encoding="utf-8")
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    (path / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+    added = tok.backend.get_added_tokens_decoder()
+    config = {
+        "tokenizer_class": "Qwen2Tokenizer",
+        "added_tokens_decoder": {
+            str(i): {"content": t.content, **{k: getattr(t, k) for k in _ADDED_FLAGS}}
+            for i, t in sorted(added.items())
+        },
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": 32768,
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
