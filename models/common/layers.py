@@ -16,6 +16,7 @@ from torch import nn
 from pipelines.kv_cache import sdpa
 
 from . import fused
+from .config import TextConfig
 
 
 class RMSNorm(nn.Module):
@@ -244,6 +245,16 @@ class DecoderLayer(nn.Module):
         x, h = fused.add_rms_norm(self.self_attn(self.input_layernorm(x), cos, sin, layer, cache), x, post.weight,
                                   post.eps)
         return x + self.mlp(h)
+
+
+def text_layer(cfg: TextConfig, moe: bool) -> DecoderLayer:
+    """A decoder layer of `cfg`: routed MoE (plus the gated shared expert when `cfg` has one), else dense SwiGLU."""
+    h = cfg.hidden_size
+    mlp = SwiGLU(h, cfg.intermediate_size) if not moe else MoE(
+        h, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob,
+        shared=cfg.shared_expert_intermediate_size)
+    return DecoderLayer(h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps, mlp,
+                        cfg.attention_bias)
 
 
 def run_layers(

@@ -22,21 +22,10 @@ import torch
 from torch import nn
 
 from models.common.config import TextConfig
-from models.common.layers import DecoderLayer, KVCache, MoE, RMSNorm, Rope, SwiGLU
+from models.common.layers import KVCache, RMSNorm, Rope, text_layer
 
 from .audio_encoder import AudioEncoder
 from .config import ThinkerConfig
-
-
-def thinker_layer(cfg: TextConfig, index: int) -> DecoderLayer:
-    """A routed MoE MLP (no shared expert) where `cfg.is_moe_layer(index)`, else a dense SwiGLU."""
-    h = cfg.hidden_size
-    mlp: nn.Module = SwiGLU(h, cfg.intermediate_size)
-    if cfg.is_moe_layer(index):
-        mlp = MoE(h, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob,
-                  shared=cfg.shared_expert_intermediate_size)
-    return DecoderLayer(h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps, mlp,
-                        cfg.attention_bias)
 
 
 class TextModel(nn.Module):
@@ -45,7 +34,7 @@ class TextModel(nn.Module):
     def __init__(self, cfg: TextConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(thinker_layer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(text_layer(cfg, cfg.is_moe_layer(i)) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
 
