@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.common.config import Code2WavConfig
-from models.common.layers import RMSNorm, Rope, SelfAttention, SwiGLU, attention, run_layers
+from models.common.layers import LayerStack, RMSNorm, Rope, SelfAttention, SwiGLU, attention
 
 
 class CausalConv(nn.Module):
@@ -148,16 +148,12 @@ class SlidingKV:
         return attention(q, k, v, scale, past, self.window)
 
 
-class Transformer(nn.Module):
+class Transformer(LayerStack):
     def __init__(self, cfg: Code2WavConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList([TransformerLayer(cfg) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = Rope(cfg.head_dim, cfg.rope_theta)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: SlidingKV) -> torch.Tensor:
-        """x: [B, T, H]; positions: [B, T] frame indices."""
-        return run_layers(self.layers, self.rope, self.norm, x, positions, cache)
 
 
 class CodeEmbedding(nn.Embedding):

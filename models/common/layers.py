@@ -257,12 +257,16 @@ def text_layer(cfg: TextConfig, moe: bool) -> DecoderLayer:
                         cfg.attention_bias)
 
 
-def run_layers(
-    layers: nn.ModuleList, rope: Rope, norm: RMSNorm, x: torch.Tensor, positions: torch.Tensor,
-    cache: KVCache | None,
-) -> torch.Tensor:
-    """The decoder stack: every layer in order, then the final norm."""
-    cos, sin = rope(positions, x.dtype)
-    for i, layer in enumerate(layers):
-        x = layer(x, cos, sin, i, cache)
-    return norm(x)
+class LayerStack(nn.Module):
+    """A decoder stack: every layer of `layers` in order, then the final `norm`; a subclass builds those
+    and `rope`. x [B, T, H], positions [B, T] (or [3, B, T]) -> the final normed hidden states [B, T, H]."""
+
+    layers: nn.ModuleList
+    norm: RMSNorm
+    rope: Rope
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        cos, sin = self.rope(positions, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, i, cache)
+        return self.norm(x)

@@ -16,7 +16,7 @@ from torch import nn
 from models.common.code_predictor import CodePredictor, Sampler, greedy
 from models.common.config import ConfigError, TextConfig
 from models.common.frame import CodecFrame, next_frame
-from models.common.layers import KVCache, RMSNorm, Rope, run_layers, text_layer
+from models.common.layers import KVCache, LayerStack, RMSNorm, Rope, text_layer
 from models.qwen3_omni.config import TalkerConfig
 
 
@@ -32,7 +32,7 @@ class ResizeMLP(nn.Module):
         return self.linear_fc2(F.silu(self.linear_fc1(x)))
 
 
-class TalkerModel(nn.Module):
+class TalkerModel(LayerStack):
     def __init__(self, cfg: TextConfig) -> None:
         super().__init__()
         self.codec_embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
@@ -41,9 +41,6 @@ class TalkerModel(nn.Module):
         self.layers = nn.ModuleList(text_layer(cfg, moe=True) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
-
-    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        return run_layers(self.layers, self.rope, self.norm, embeds, positions, cache)
 
 
 class Talker(nn.Module):
