@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.common.code2wav import Code2Wav
-from models.common.config import Code2WavConfig
 from models.common.tokenizer import Tokenizer
+from models.qwen3_tts.codec import build_decoder
+from models.qwen3_tts.codec_config import CodecDecoderConfig
 from models.qwen3_tts.model import load_talker
 from models.qwen3_tts.program import TtsPipelineConfig, build_pipeline
 from models.qwen3_tts.prompt import TextIds, build_prompt
@@ -100,7 +100,7 @@ def test_greedy_pipeline_codes_equal_the_reference(reference, name):
     d, case = reference[name], CASES[name]
     expected = torch.load(d / "reference.pt")["codes"].tolist()
     model = load_talker(d)
-    model.code2wav = Code2Wav(Code2WavConfig.from_hf(tiny_codec()))  # codes do not depend on the decoder
+    model.code2wav = build_decoder(CodecDecoderConfig.from_hf(tiny_codec()))  # codes do not depend on its weights
     opts = GenerationOptions(greedy=True, voice=case["speaker"], language=case["language"],
                              instructions=case["instruct"])
     with build_pipeline(TtsPipelineConfig.on(str(d), "cpu"), model) as pipeline:

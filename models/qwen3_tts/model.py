@@ -7,7 +7,6 @@ from tiny.py with seeded random weights.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -16,15 +15,17 @@ import torch
 from torch import nn
 
 from models.common.code2wav import Code2Wav
-from models.common.config import Code2WavConfig
 from models.common.weights import load_weights
 
+from .codec import build_decoder, load_decoder
+from .codec_config import CodecDecoderConfig, SpeechTokenizerConfig
 from .config import TtsConfig
 from .talker import Talker
 from .tiny import PRESETS, random_weights_, tiny_codec
 
 log = logging.getLogger(__name__)
 SPEAKER_ENCODER = "speaker_encoder."  # Base's x-vector encoder: not served yet, so not read
+SPEECH_TOKENIZER = "speech_tokenizer"  # the checkpoint's subfolder holding the 12 Hz codec
 
 
 def talker_name(key: str) -> str | None:
@@ -32,20 +33,11 @@ def talker_name(key: str) -> str | None:
 
 
 class Qwen3Tts(nn.Module):
-    def __init__(self, cfg: TtsConfig, codec: Code2WavConfig | None) -> None:
+    def __init__(self, cfg: TtsConfig, code2wav: Code2Wav | None) -> None:
         super().__init__()
         self.cfg = cfg
         self.talker = Talker(cfg.talker)
-        self.code2wav = Code2Wav(codec) if codec is not None else None
-
-
-def codec_config(model: str | Path) -> Code2WavConfig:
-    if str(model) in PRESETS:
-        return Code2WavConfig.from_hf(tiny_codec())
-    path = Path(model) / "speech_tokenizer" / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{model}: no speech_tokenizer/config.json (the 12 Hz speech tokenizer)")
-    return Code2WavConfig.from_hf(json.loads(path.read_text())["decoder_config"])
+        self.code2wav = code2wav
 
 
 def load_model(model: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
@@ -53,12 +45,14 @@ def load_model(model: str | Path, device: torch.device | str = "cpu", dtype: tor
     """`model`: the preset 'tiny-tts' or a checkpoint directory."""
     start = time.perf_counter()
     if str(model) in PRESETS:
-        net = Qwen3Tts(TtsConfig.from_hf(PRESETS[str(model)]()), codec_config(model))
+        codec = build_decoder(CodecDecoderConfig.from_hf(tiny_codec()))
+        net = Qwen3Tts(TtsConfig.from_hf(PRESETS[str(model)]()), codec)
         random_weights_(net, seed)
         net = net.to(device=device, dtype=dtype)
     else:
         net = load_talker(model, device, dtype)
-        raise NotImplementedError("the 12 Hz speech tokenizer's decoder is not wired in yet")
+        speech = Path(model) / SPEECH_TOKENIZER
+        net.code2wav = load_decoder(SpeechTokenizerConfig.load(speech).decoder, speech, device, dtype)
     n = sum(p.numel() for p in net.parameters())
     log.info("loaded %s: %.1f M parameters, %s %s, %.1f s", model, n / 1e6, device, dtype, time.perf_counter() - start)
     return net.eval().requires_grad_(False)

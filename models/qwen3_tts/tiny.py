@@ -46,7 +46,8 @@ _CONFIG = {
     "speaker_encoder_config": {"enc_dim": 32, "sample_rate": 24000},
 }
 _CODEC = {  # speech_tokenizer/config.json's decoder part, tiny
-    "codebook_size": 2048, "num_quantizers": 16, "hidden_size": 32, "latent_dim": 32, "num_hidden_layers": 1,
+    "codebook_size": 2048, "num_quantizers": 16, "hidden_size": 32, "latent_dim": 48, "codebook_dim": 24,
+    "num_hidden_layers": 1,
     "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 64, "sliding_window": 72,
     "decoder_dim": 64, "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2], "rms_norm_eps": 1e-5,
     "layer_scale_initial_scale": 0.01, "rope_theta": 10000, "max_position_embeddings": 8000,
