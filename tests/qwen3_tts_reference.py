@@ -24,7 +24,7 @@ from qwen_tts.core.models.modeling_qwen3_tts import Qwen3TTSForConditionalGenera
 from qwen_tts.core.models.processing_qwen3_tts import Qwen3TTSProcessor
 from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Config
 from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Model
-from qwen_tts.inference.qwen3_tts_model import Qwen3TTSModel
+from qwen_tts.inference.qwen3_tts_model import Qwen3TTSModel, VoiceClonePromptItem
 from qwen_tts.inference.qwen3_tts_tokenizer import Qwen3TTSTokenizer
 from transformers import Qwen2TokenizerFast
 
@@ -102,19 +102,27 @@ def run(case: dict) -> None:
     tts = Qwen3TTSModel(model, Qwen3TTSProcessor(tokenizer=Qwen2TokenizerFast.from_pretrained(out)),
                         case["generation"])
     greedy = dict(do_sample=False, subtalker_dosample=False)
+    extra: dict[str, torch.Tensor] = {}
     if cfg.tts_model_type == "custom_voice":
         tts.generate_custom_voice(text=case["text"], speaker=case["speaker"], language=case["language"],
                                   instruct=case["instruct"], **greedy)
     elif cfg.tts_model_type == "voice_design":
         tts.generate_voice_design(text=case["text"], instruct=case["instruct"], language=case["language"], **greedy)
-    else:
-        raise ValueError(f"no reference run for {cfg.tts_model_type}")
+    else:  # Base, x-vector cloning: the reference's own speaker embedding of a 1 s reference
+        g = torch.Generator().manual_seed(case["seed"])
+        t = torch.arange(24000) / 24000.0
+        ref_wave = (0.3 * torch.sin(2 * torch.pi * 180 * t) + 0.05 * torch.randn(24000, generator=g)).float()
+        extra["ref_wave"] = ref_wave
+        extra["xvector"] = model.extract_speaker_embedding(ref_wave.numpy(), 24000)
+        item = VoiceClonePromptItem(ref_code=None, ref_spk_embedding=extra["xvector"], x_vector_only_mode=True,
+                                    icl_mode=False, ref_text=None)
+        tts.generate_voice_clone(text=case["text"], language=case["language"], voice_clone_prompt=[item], **greedy)
     codes = recorder.codes[0]
     groups = cfg.talker_config.num_code_groups - 1
     steps = len(predictor_logits) // groups
     torch.save({"codes": codes, "wave": torch.from_numpy(recorder.wavs[0]), "talker_prefill": talker_logits[0],
                 "talker_steps": torch.cat(talker_logits[1:]),
-                "predictor": torch.stack(predictor_logits).view(steps, groups, -1)}, out / "reference.pt")
+                "predictor": torch.stack(predictor_logits).view(steps, groups, -1), **extra}, out / "reference.pt")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ checkpoint with its own classes and `save_pretrained`, and generates greedily th
 codes. We read the checkpoint with our loader and compare, in float32: the talker's logits over the prompt
 and every decode step, the code predictor's logits and codes, and end to end the greedy codes and waveform
 of our streaming pipeline and of `omni-realtime generate --greedy` (CustomVoice with a speaker, a language
-and an instruction; a dialect speaker; VoiceDesign).
+and an instruction; a dialect speaker; VoiceDesign; Base cloning a voice from its x-vector, the speaker
+encoder's x-vector compared too).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ CASES = {
                     instruct=""),
     "voice_design": dict(kind="voice_design", text="The quick brown fox jumps over the lazy dog.", speaker="",
                          language="Auto", instruct="A deep, calm male voice, speaking slowly."),
+    "base_clone": dict(kind="base", text="Please call me back when you are free.", speaker="", language="English",
+                       instruct=""),
 }
 
 
@@ -65,11 +68,14 @@ def reference(tmp_path_factory) -> dict[str, Path]:
     return dirs
 
 
-def ours(d: Path, case: dict):
+def ours(d: Path, case: dict, ref: dict):
     model = load_talker(d)
     cfg = model.cfg
     speaker = None
-    if case["speaker"]:
+    if "ref_wave" in ref:
+        speaker = model.speaker_encoder.embed(ref["ref_wave"])
+        torch.testing.assert_close(speaker, ref["xvector"], atol=2e-5, rtol=1e-4)
+    elif case["speaker"]:
         speaker = model.talker.embed_codec(torch.tensor(cfg.talker.speaker_id(case["speaker"])))
     ids = TextIds.of(Tokenizer.load(d), case["text"], case["instruct"] if cfg.takes_instructions else "")
     language = cfg.talker.language_id(case["language"], case["speaker"])
@@ -83,7 +89,7 @@ def test_talker_and_predictor_logits(reference, name):
     codes = ref["codes"]
     assert codes.shape[1] == 16 and 2 <= codes.shape[0] <= FRAMES
     with torch.inference_mode():
-        model, prompt = ours(d, case)
+        model, prompt = ours(d, case, ref)
         talker = model.talker
         steps = []
         for k, frame in enumerate(codes.tolist()):
@@ -107,7 +113,7 @@ def test_greedy_pipeline_equals_the_reference(reference, name):
     d, case = reference[name], CASES[name]
     ref = torch.load(d / "reference.pt")
     opts = GenerationOptions(greedy=True, voice=case["speaker"], language=case["language"],
-                             instructions=case["instruct"])
+                             instructions=case["instruct"], reference_audio=ref.get("ref_wave"))
     with registry.build_pipeline(str(d)) as pipeline:
         events = pipeline.run(Turn("p", [Message("user", case["text"])], opts), timeout_s=300)
     done = events[-1]

@@ -14,6 +14,11 @@ from pathlib import Path
 from models.common.config import CodePredictorConfig, ConfigError, TextConfig, required, rope_params
 
 MODEL_TYPES = ("custom_voice", "base", "voice_design")
+# speaker_encoder_config keys a config.json may leave out: the reference config class's defaults
+SPEAKER_ENCODER_DEFAULTS = {"mel_dim": 128, "enc_dim": 1024, "enc_channels": [512, 512, 512, 512, 1536],
+                            "enc_kernel_sizes": [5, 3, 3, 3, 1], "enc_dilations": [1, 2, 3, 4, 1],
+                            "enc_attention_channels": 128, "enc_res2net_scale": 8, "enc_se_channels": 128,
+                            "sample_rate": 24000}
 
 
 @dataclass(frozen=True)
@@ -97,8 +102,11 @@ class TtsConfig:
         if kind not in MODEL_TYPES:
             raise ConfigError(f"tts_model_type {kind!r} is not one of {MODEL_TYPES}")
         g = lambda k: required(d, k, "config.json")  # noqa: E731
-        encoder = g("speaker_encoder_config") if kind == "base" else None
-        return cls(kind, str(d.get("tts_model_size") or ""), TalkerConfig.from_hf(g("talker_config")), encoder,
+        encoder = {**SPEAKER_ENCODER_DEFAULTS, **g("speaker_encoder_config")} if kind == "base" else None
+        talker = TalkerConfig.from_hf(g("talker_config"))
+        if encoder is not None and (encoder["enc_dim"] != talker.text.hidden_size or encoder["sample_rate"] != 24000):
+            raise ConfigError("speaker_encoder_config: enc_dim must be the talker's hidden_size, sample_rate 24000")
+        return cls(kind, str(d.get("tts_model_size") or ""), talker, encoder,
                    g("im_start_token_id"), g("im_end_token_id"), g("tts_pad_token_id"), g("tts_bos_token_id"),
                    g("tts_eos_token_id"))
 

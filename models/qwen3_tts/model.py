@@ -20,16 +20,12 @@ from models.common.weights import load_weights
 from .codec import build_decoder, load_decoder
 from .codec_config import CodecDecoderConfig, SpeechTokenizerConfig
 from .config import TtsConfig
+from .speaker_encoder import SpeakerEncoder
 from .talker import Talker
 from .tiny import PRESETS, random_weights_, tiny_codec
 
 log = logging.getLogger(__name__)
-SPEAKER_ENCODER = "speaker_encoder."  # Base's x-vector encoder: not served yet, so not read
 SPEECH_TOKENIZER = "speech_tokenizer"  # the checkpoint's subfolder holding the 12 Hz codec
-
-
-def talker_name(key: str) -> str | None:
-    return None if key.startswith(SPEAKER_ENCODER) else key
 
 
 class Qwen3Tts(nn.Module):
@@ -37,6 +33,7 @@ class Qwen3Tts(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.talker = Talker(cfg.talker)
+        self.speaker_encoder = SpeakerEncoder(cfg.speaker_encoder) if cfg.speaker_encoder is not None else None
         self.code2wav = code2wav
 
 
@@ -59,9 +56,11 @@ def load_model(model: str | Path, device: torch.device | str = "cpu", dtype: tor
 
 
 def load_talker(model: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> Qwen3Tts:
-    """The checkpoint's talker alone (no codec decoder): what the codes depend on."""
+    """The checkpoint's talker (and Base's speaker encoder), without the codec: what the codes depend on."""
     cfg = TtsConfig.from_file(model)
     with torch.device("meta"):
         net = Qwen3Tts(cfg, None)
-    load_weights(net.talker, model, prefix="talker.", device=device, dtype=dtype, rename=talker_name)
+    load_weights(net.talker, model, prefix="talker.", device=device, dtype=dtype)
+    if net.speaker_encoder is not None:
+        load_weights(net.speaker_encoder, model, prefix="speaker_encoder.", device=device, dtype=dtype)
     return net.eval().requires_grad_(False)

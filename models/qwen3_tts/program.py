@@ -100,7 +100,12 @@ class Qwen3TtsProgram(StagedProgram):
         ids = TextIds.of(self.tokenizer, text, instruction)
         cfg = self.model.cfg
         speaker = None
-        if opts.speaker:
+        if turn.options.reference_audio is not None:  # Base: the reference's x-vector (spec.py checked it)
+            wave = turn.options.reference_audio
+            if wave.numel() < 2 * 1024 or not bool(torch.isfinite(wave).all()):
+                raise ValueError("reference audio must be finite and longer than 0.1 s")
+            speaker = self.model.speaker_encoder.embed(wave.clamp(-1, 1))
+        elif opts.speaker:
             speaker_id = torch.tensor(cfg.talker.speaker_id(opts.speaker), device=self.device)
             speaker = self.model.talker.embed_codec(speaker_id)
         prompt = build_prompt(self.model.talker, cfg, ids, cfg.talker.language_id(opts.language, opts.speaker),

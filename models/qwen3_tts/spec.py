@@ -4,7 +4,9 @@ Defaults are the reference's (qwen-tts 0.1.1): sampling with top-k 50, top-p 1.0
 the talker (repetition penalty 1.05) and in the code predictor, at most 2048 new tokens; the checkpoint's
 generation_config.json overrides each (`subtalker_*` keys are the code predictor's). The text goes to the
 talker whole (non-streaming) for CustomVoice and VoiceDesign, streamed one token per frame for Base, as
-the reference's generate_* functions default. Greedy is argmax in both, the penalty kept.
+the reference's generate_* functions default. Greedy is argmax in both, the penalty kept. Base clones the
+voice of reference audio (`GenerationOptions.reference_audio`, mono at 24 kHz, the output rate) from its
+x-vector; in-context cloning with the reference text is not served yet.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def tts_spec(cfg: TtsConfig, gen: Generation, tiny: str = "") -> ModelSpec:
     return ModelSpec(
         name=NAMES[cfg.model_type], family="qwen3_tts", output_rate=OUTPUT_RATE, frame_samples=FRAME_SAMPLES,
         voices=voices, default_voice=voices[0], languages=("auto", *languages),
-        instructions=cfg.takes_instructions, text_out=False, reads_aloud=True, clones=False,
+        instructions=cfg.takes_instructions, text_out=False, reads_aloud=True, clones=cfg.model_type == "base",
         sampling={"talker": gen.talker, "predictor": gen.predictor}, tiny=tiny,
     )
 
@@ -95,8 +97,13 @@ class TurnSettings:
     def resolve(cls, opts: GenerationOptions, spec: ModelSpec, cfg: TtsConfig, gen: Generation) -> TurnSettings:
         if not opts.audio:
             raise ValueError("this model only speaks: ask for audio output")
-        if opts.reference_audio is not None or opts.reference_text:
-            raise ValueError("voice cloning from reference audio is not served by this model yet")
+        if not spec.clones and (opts.reference_audio is not None or opts.reference_text):
+            raise ValueError("this model cannot clone a voice from reference audio")
+        if spec.clones and opts.reference_audio is None:
+            raise ValueError("this model speaks in a cloned voice: give reference audio (24 kHz)")
+        if opts.reference_text:
+            raise ValueError("in-context cloning (reference audio with its text) is not served yet; give the "
+                             "reference audio alone (x-vector cloning)")
         voice = spec.voice(opts.voice)
         speaker = voice if cfg.talker.speakers else ""
         language = (opts.language or "auto").lower()

@@ -43,7 +43,8 @@ _CONFIG = {
             "num_code_groups": 16,
         },
     },
-    "speaker_encoder_config": {"enc_dim": 32, "sample_rate": 24000},
+    "speaker_encoder_config": {"enc_dim": 32, "sample_rate": 24000, "enc_channels": [32, 32, 32, 32, 96],
+                               "enc_attention_channels": 16, "enc_res2net_scale": 4, "enc_se_channels": 16},
 }
 _CODEC = {  # speech_tokenizer/config.json's decoder part, tiny
     "codebook_size": 2048, "num_quantizers": 16, "hidden_size": 32, "latent_dim": 48, "codebook_dim": 24,
