@@ -4,8 +4,8 @@ tests/reference/qwen_tts_codec.py builds a tiny random tokenizer with the refere
 as a checkpoint's speech_tokenizer/ folder, and records its decode of 40 random frames and its encode of
 a 0.5 s waveform; we load that folder with our loader and must match: the waveform to 1e-5 in float32,
 the codes exactly. Code2WavSlots streams of it (eager pushes of any size, batched steps across streams)
-must equal our one-shot decode (before the clamp to [-1, 1], which would hide errors in random weights
-loud output): to 1e-9 in float64, 1e-5 in float32, relative to the peak.
+must equal our one-shot decode before the clamp to [-1, 1] (random weights make loud output, and the clamp
+would hide errors): to 1e-9 in float64, 1e-5 in float32, relative to the peak.
 """
 
 from __future__ import annotations
