@@ -23,18 +23,31 @@ from .codec_config import SpeechTokenizerConfig
 ENCODER_PREFIX = "encoder."
 
 
+# The reference saves transformers 4.x's MimiModel layout; transformers 5 nests the encoder half.
+_MIMI_V5 = (("encoder.", "encoder.encoder_seanet."), ("encoder_transformer.", "encoder.encoder_transformer."),
+            ("downsample.", "encoder.downsample."))
+
+
+def mimi_name(key: str) -> str:
+    for old, new in _MIMI_V5:
+        if key.startswith(old):
+            return new + key[len(old) :]
+    return key
+
+
 def load_encoder(cfg: SpeechTokenizerConfig, directory: str | Path, device: torch.device | str = "cpu") -> nn.Module:
-    """The Mimi encoder (its decoder half dropped), in float32, from the checkpoint's `encoder.*` tensors."""
+    """The Mimi encoder (transformers' MimiModel, its decoder half dropped), in float32, from the
+    checkpoint's `encoder.*` tensors."""
     from transformers import MimiConfig, MimiModel
 
     model = MimiModel(MimiConfig(**cfg.encoder))
-    model.upsample = model.decoder_transformer = model.decoder = None
+    model.decoder = None
     state: dict[str, torch.Tensor] = {}
     for path in sorted(Path(directory).glob("*.safetensors")):
         with safe_open(path, "pt") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 if key.startswith(ENCODER_PREFIX):
-                    state[key[len(ENCODER_PREFIX) :]] = f.get_tensor(key).float()
+                    state[mimi_name(key[len(ENCODER_PREFIX) :])] = f.get_tensor(key).float()
     if not state:
         raise WeightError(f"no encoder tensors ({ENCODER_PREFIX}*) in {directory}")
     result = model.load_state_dict(state, strict=False)

@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 
 FRAMES = 40
 WAVE = 12000  # 6.25 frames of 1920 samples: the encoder's last frame is partial
+GAIN = 0.5  # weight scale: the decoded waveform stays inside [-1, 1], so the clamp hides nothing
 
 DECODER = {
     "codebook_size": 64, "hidden_size": 32, "latent_dim": 48, "codebook_dim": 24, "head_dim": 12,
@@ -44,6 +45,8 @@ def randomize(model: torch.nn.Module, gen: torch.Generator) -> None:
                 t.copy_(torch.rand(t.shape, generator=gen) + 0.5)
             elif name.endswith(("norm.weight", "layernorm.weight")):
                 t.copy_(1 + 0.1 * torch.randn(t.shape, generator=gen))
+            elif t.dim() >= 2 and "codebook" not in name and "embed" not in name:  # matrices and kernels
+                t.copy_(torch.randn(t.shape, generator=gen) * (GAIN / (t.numel() / t.shape[0]) ** 0.5))
             elif "inv_freq" not in name:
                 t.copy_(0.2 * torch.randn(t.shape, generator=gen))
 
