@@ -26,6 +26,7 @@ class Entry:
 MODELS = (
     Entry("qwen3_omni_moe", ("tiny", "tiny-thinker"), "models.qwen3_omni.program:build",
           "models.qwen3_omni.spec:describe"),
+    Entry("qwen3_tts", ("tiny-tts",), "models.qwen3_tts.program:build", "models.qwen3_tts.spec:describe"),
 )
 
 

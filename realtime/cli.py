@@ -21,6 +21,7 @@ from .cli_checks import (
     check_before_loading,
     check_out,
     check_positive,
+    check_speaking,
     check_voice,
     default_device,
     read_audio,
@@ -109,6 +110,11 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--system", default=None, help="system prompt (default: none)")
     gen.add_argument("--voice", "--speaker", default="", help="one of the model's voices (default: its default "
                      "voice; an unknown name is an error that lists them)")
+    gen.add_argument("--language", default="", help="the language to speak, one the model lists (default: auto)")
+    gen.add_argument("--instructions", default="", help="a speaking style, for models that take one (e.g. 'speak "
+                     "slowly, in a warm voice')")
+    gen.add_argument("--reference-audio", help="a voice to clone (audio file, as --audio), for models that clone")
+    gen.add_argument("--reference-text", default="", help="what --reference-audio says")
     gen.add_argument("--greedy", action="store_true", help="argmax decoding in every stage (reproducible)")
     gen.add_argument("--seed", type=int, default=0, help="sampling seed")
     gen.add_argument("--max-text-tokens", type=int, default=512, help="stop the reply text after N tokens")
@@ -136,13 +142,16 @@ def generate(args: argparse.Namespace) -> int:
 
     if not args.audio and not args.text:
         raise UsageError("give --audio, --text or both")
-    check_voice(check_before_loading(args), args.voice)
+    declared = check_before_loading(args)
+    check_voice(declared, args.voice)
+    check_speaking(declared, args.language, args.instructions, args.reference_audio, args.reference_text)
     if args.out:
         check_out(args.out)
     messages = []
     if args.system:
         messages.append(Message("system", args.system))
     samples, rate = read_audio(args.audio) if args.audio else (None, 0)
+    reference, ref_rate = read_audio(args.reference_audio, "--reference-audio") if args.reference_audio else (None, 0)
     with build(args) as pipeline:
         spec = pipeline.spec
         if samples is not None and not spec.hears:
@@ -151,9 +160,12 @@ def generate(args: argparse.Namespace) -> int:
             raise UsageError(f"--out: this model ({spec.name}) does not speak; it replies in text")
         audio = None if samples is None else resample(samples, rate, spec.input_rate)
         messages.append(Message("user", args.text, audio))
+        if reference is not None:
+            reference = resample(reference, ref_rate, spec.input_rate or spec.output_rate)
         opts = GenerationOptions(
             audio=spec.speaks and not args.no_audio, voice=args.voice, greedy=args.greedy, seed=args.seed,
-            max_text_tokens=args.max_text_tokens, max_frames=args.max_frames,
+            max_text_tokens=args.max_text_tokens, max_frames=args.max_frames, language=args.language,
+            instructions=args.instructions, reference_audio=reference, reference_text=args.reference_text,
         )
         events = pipeline.run(Turn("cli", messages, opts))
     end = events[-1]

@@ -88,6 +88,20 @@ def check_voice(spec: ModelSpec, voice: str) -> None:
         raise UsageError(f"--voice {voice}: {e}") from None
 
 
+def check_speaking(spec: ModelSpec, language: str, instructions: str, reference_audio: str | None,
+                   reference_text: str) -> None:
+    """--language, --instructions and the voice to clone, against what the model declares."""
+    if language and language.lower() not in {lang.lower() for lang in spec.languages}:
+        have = ", ".join(spec.languages) if spec.languages else "none: it takes no --language"
+        raise UsageError(f"--language {language}: not one of this model's languages ({have})")
+    if instructions and not spec.instructions:
+        raise UsageError(f"--instructions: this model ({spec.name}) takes no instructions")
+    if reference_text and not reference_audio:
+        raise UsageError("--reference-text: give the --reference-audio it is the text of")
+    if reference_audio and not spec.clones:
+        raise UsageError(f"--reference-audio: this model ({spec.name}) cannot clone a voice")
+
+
 def check_out(path: str) -> None:
     out = Path(path)
     if out.is_dir():
@@ -98,14 +112,14 @@ def check_out(path: str) -> None:
         raise UsageError(f"--out {path}: the folder {out.parent} is not writable")
 
 
-def read_audio(path: str) -> tuple:
+def read_audio(path: str, flag: str = "--audio") -> tuple:
     from .wav import AudioFileError, read_wav
 
     if not Path(path).is_file():
-        raise UsageError(f"--audio {path}: no such file")
+        raise UsageError(f"{flag} {path}: no such file")
     try:
         return read_wav(path)
     except AudioFileError as e:
-        raise UsageError(f"--audio {path}: {e}") from None
+        raise UsageError(f"{flag} {path}: {e}") from None
 
 

@@ -198,7 +198,9 @@ def test_abort_mid_turn_frees_the_turn_and_the_session_goes_on(pipeline, baselin
     assert len(done.text_ids) < LONG["max_text_tokens"]
     assert but_the_session(live(pipeline)) == but_the_session(baseline)
     after = pipeline.run(Turn("x", [user(spec, "And then?")], options(spec)), 120)[-1]
-    assert isinstance(after, TurnDone) and after.usage.cached_tokens > 0  # the conversation so far stayed cached
+    assert isinstance(after, TurnDone)
+    if spec.text_out:  # a model that converses kept the conversation so far cached (one that reads aloud keeps none)
+        assert after.usage.cached_tokens > 0
     pipeline.end_session("x")
 
 

@@ -37,16 +37,24 @@ class CausalConv(nn.Module):
 
 
 class CausalTransConv(nn.Module):
-    def __init__(self, cin: int, cout: int, kernel: int, stride: int) -> None:
+    """Transposed conv trimmed by kernel - stride at both ends (look-ahead: the last input's block is
+    dropped), or, `causal`, at the right end only (no look-ahead: a block needs `context` inputs before)."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int, causal: bool = False) -> None:
         super().__init__()
         if kernel % stride:
             raise ValueError(f"kernel {kernel} is not a multiple of stride {stride}")
         self.conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride)
         self.trim = kernel - stride
-        self.lookahead = self.trim // stride
+        self.lookahead = 0 if causal else self.trim // stride
+        self.context = self.trim // stride if causal else 0
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, C, T] -> [B, C', (T - lookahead) * stride]."""
+    def forward(self, x: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, C, T] -> [B, C', (T - lookahead) * stride]; `left` (causal only): the `context` inputs before x."""
+        if self.context:
+            n = 0 if left is None else left.shape[-1] * self.conv.stride[0]
+            y = self.conv(x if left is None else torch.cat((left, x), dim=-1))
+            return y[..., n : y.shape[-1] - self.trim]
         y = self.conv(x)
         return y[..., self.trim : y.shape[-1] - self.trim]
 
@@ -94,10 +102,10 @@ class ResidualUnit(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, rate: int) -> None:
+    def __init__(self, cin: int, cout: int, rate: int, causal: bool = False) -> None:
         super().__init__()
         units = [ResidualUnit(cout, d) for d in (1, 3, 9)]
-        self.block = nn.ModuleList([SnakeBeta(cin), CausalTransConv(cin, cout, 2 * rate, rate), *units])
+        self.block = nn.ModuleList([SnakeBeta(cin), CausalTransConv(cin, cout, 2 * rate, rate, causal), *units])
 
 
 class LayerScale(nn.Module):
@@ -149,11 +157,22 @@ class SlidingKV:
 
 
 class Transformer(LayerStack):
-    def __init__(self, cfg: Code2WavConfig) -> None:
+    """With `latent_dim`, linear maps from and back to that width around the layers."""
+
+    def __init__(self, cfg: Code2WavConfig, latent_dim: int | None = None) -> None:
         super().__init__()
         self.layers = nn.ModuleList([TransformerLayer(cfg) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = Rope(cfg.head_dim, cfg.rope_theta)
+        self.input_proj = nn.Linear(latent_dim, cfg.hidden_size) if latent_dim else None
+        self.output_proj = nn.Linear(cfg.hidden_size, latent_dim) if latent_dim else None
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: SlidingKV) -> torch.Tensor:
+        """x: [B, T, H] (or latent_dim); positions: [B, T] frame indices."""
+        if self.input_proj is not None:
+            x = self.input_proj(x)
+        x = super().forward(x, positions, cache)
+        return x if self.output_proj is None else self.output_proj(x)
 
 
 class CodeEmbedding(nn.Embedding):
@@ -174,18 +193,24 @@ class CodeEmbedding(nn.Embedding):
 
 class Code2Wav(nn.Module):
     """The codec decoder. `code_embedding` is the hook a codec with another code embedding plugs in (any
-    module mapping codes [B, Q, F] to [B, F, hidden_size], frame by frame); the rest is shared."""
+    module mapping codes [B, Q, F] to [B, F, latent_dim or hidden_size]; one that needs earlier frames
+    declares it as code2wav_batch.py's StreamingEmbedding says); the rest is shared. `latent_dim`: the
+    width of the embedding and of the layers after the transformer, which maps from and back to it.
+    `causal`: the decoder's transposed convs look back one input instead of ahead (holdback 0)."""
 
-    def __init__(self, cfg: Code2WavConfig, code_embedding: nn.Module | None = None) -> None:
+    def __init__(
+        self, cfg: Code2WavConfig, code_embedding: nn.Module | None = None, latent_dim: int | None = None,
+        causal: bool = False,
+    ) -> None:
         super().__init__()
         self.cfg = cfg
-        h, d = cfg.hidden_size, cfg.decoder_dim
+        h, d = latent_dim or cfg.hidden_size, cfg.decoder_dim
         self.code_embedding = code_embedding if code_embedding is not None else CodeEmbedding(cfg)
-        self.pre_transformer = Transformer(cfg)
+        self.pre_transformer = Transformer(cfg, latent_dim)
         self.upsample = nn.ModuleList(
             nn.ModuleList([CausalTransConv(h, h, r, r), ConvNeXt(h)]) for r in cfg.upsampling_ratios
         )
-        blocks = [DecoderBlock(d >> i, d >> (i + 1), r) for i, r in enumerate(cfg.upsample_rates)]
+        blocks = [DecoderBlock(d >> i, d >> (i + 1), r, causal) for i, r in enumerate(cfg.upsample_rates)]
         out = d >> len(cfg.upsample_rates)
         self.decoder = nn.ModuleList([CausalConv(h, d, 7), *blocks, SnakeBeta(out), CausalConv(out, 1, 7)])
 

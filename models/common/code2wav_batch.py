@@ -26,11 +26,17 @@ slot, run the layers, write the new state back.
 - causal convs: the last `context` inputs (zeros for a fresh slot: the one-shot's padding).
 - look-ahead transposed convs: the last `lookahead` inputs, put in front of the next ones.
 
+- a code embedding with `context` > 0 (StreamingEmbedding: Qwen3-TTS's k=3 pre-conv): the last
+  `context` frames of its `inputs`, zeros for a fresh slot (the one-shot's padding), given to `mix`.
+- causal transposed convs (look back, not ahead): the last `context` inputs, as a causal conv's.
+
 A stream's first frame has nothing pending, so it yields `holdback` fewer samples: `step(first=True)`
 batches first frames, `step` later ones (two fixed-shape calls per batch size).
 """
 
 from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -38,7 +44,23 @@ from torch import nn
 from models.common.code2wav import CausalConv, CausalTransConv, Code2Wav, ConvNeXt, ResidualUnit
 from pipelines.kv_cache import sdpa
 
-_CAUSAL = (CausalConv, ConvNeXt, ResidualUnit)
+_CAUSAL = (CausalConv, ConvNeXt, ResidualUnit, CausalTransConv)
+
+
+@runtime_checkable
+class StreamingEmbedding(Protocol):
+    """A code embedding whose frame f also reads frames before f: forward(codes) = mix(inputs(codes), None)."""
+
+    context: int  # frames of `inputs` before the new ones that `mix` reads
+    channels: int  # channels of `inputs`
+
+    def inputs(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, Q, n] -> [B, channels, n], frame by frame."""
+        ...
+
+    def mix(self, x: torch.Tensor, left: torch.Tensor | None) -> torch.Tensor:
+        """x [B, channels, n], left [B, channels, context] (zeros when None) -> [B, n, H]."""
+        ...
 
 
 def _in_channels(layer: nn.Module) -> int:
@@ -102,6 +124,10 @@ class Code2WavSlots:
                 self.pending[i] = torch.zeros(total, _in_channels(layer), layer.lookahead, device=device, dtype=dtype)
             elif isinstance(layer, _CAUSAL) and layer.context:
                 self.tails[i] = torch.zeros(total, _in_channels(layer), layer.context, device=device, dtype=dtype)
+        emb = model.code_embedding
+        self.embedding = emb if isinstance(emb, StreamingEmbedding) and emb.context else None
+        width = (emb.channels, emb.context) if self.embedding is not None else (0, 0)
+        self.embed_tail = torch.zeros(total, *width, device=device, dtype=dtype)
         self._free = list(range(slots - 1, -1, -1))
         self._open: set[int] = set()
 
@@ -128,7 +154,7 @@ class Code2WavSlots:
     def _reset(self, slot: int) -> None:
         for buf in (self.k, self.v):
             buf[:, slot].zero_()
-        for buf in (self.frames, *self.tails.values(), *self.pending.values()):
+        for buf in (self.frames, self.embed_tail, *self.tails.values(), *self.pending.values()):
             buf[slot].zero_()
 
     @torch.no_grad()
@@ -177,7 +203,7 @@ class Code2WavSlots:
         frames = self.frames.index_select(0, slots)
         positions = frames[:, None] + torch.arange(n, device=slots.device)
         kv = _SlotKV(self, slots, frames, n)
-        h = self.model.pre_transformer(self.model.embed(codes), positions, kv).transpose(1, 2)
+        h = self.model.pre_transformer(self._embed(slots, codes), positions, kv).transpose(1, 2)
         self.frames.index_copy_(0, slots, frames + n)
         for i, layer in enumerate(self.layers):
             if i in self.tails:
@@ -193,3 +219,13 @@ class Code2WavSlots:
                 h = layer(h)
         h = h[:, 0]
         return h.clamp(-1, 1) if self.clamp else h
+
+    def _embed(self, slots: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        emb = self.embedding
+        if emb is None:
+            return self.model.embed(codes)
+        x = emb.inputs(codes)
+        left = self.embed_tail.index_select(0, slots)
+        joined = torch.cat((left, x), dim=-1)
+        self.embed_tail.index_copy_(0, slots, joined[..., joined.shape[-1] - emb.context :])
+        return emb.mix(x, left)

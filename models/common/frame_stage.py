@@ -49,13 +49,13 @@ class FrameWork(Protocol):
 
 class FrameStage:
     def __init__(self, talker: FrameTalker, dtype: torch.dtype, kv: PagedKVCache, sc: StageConfig, eos: int,
-                 suppress: torch.Tensor, slots: int = 1024) -> None:
+                 suppress: torch.Tensor, slots: int = 1024, min_frames: int = 0) -> None:
         self.device, self.dtype, self.kv, self.eos = torch.device(sc.device), dtype, kv, eos
         self.suppress = suppress.to(self.device)
         self.seen = torch.zeros(slots + 1, suppress.shape[0], dtype=torch.bool, device=self.device)
         self.free = list(range(slots - 1, -1, -1))
-        self.width = sc.graph_blocks
-        step = FrameStep(talker, kv, self.seen, self.suppress, eos)
+        self.width, self.context = sc.graph_blocks, sc.graph_context
+        step = FrameStep(talker, kv, self.seen, self.suppress, eos, min_frames)
         self.graph = GraphRunner("talker", step, step.inputs(dtype, self.width, kv.scratch_slot, slots), self.device,
                                  sc.buckets, sc.graphs)
         prefill = FramePrefill(step)
@@ -94,7 +94,7 @@ class FrameStage:
                 **sampling_rows("p", [o.predictor for o in opts])}
 
     def decode(self, works: list[FrameWork]) -> bool:
-        if any(len(self.kv.seqs[w.key].blocks) > self.width for w in works):
+        if any(self.kv.length(w.key) >= self.context for w in works):  # its next token would not fit
             return False
         works = self._slots(works)
         if works:

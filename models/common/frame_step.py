@@ -27,13 +27,14 @@ from .prefill import last_hidden, prefill_step_inputs
 class FrameStep:
     """One codec frame per row. `seen` [slots, V]: each talker stream's codebook-0 ids so far (row `slot`
     of the step), updated in place; `suppress` [V]: the codec control ids never sampled; `eos`: the id
-    that ends the speech (sampled unless the row's `no_eos`)."""
+    that ends the speech (sampled unless the row's `no_eos`, and never before frame `min_frames`)."""
 
     talker: FrameTalker
     cache: PagedKVCache
     seen: torch.Tensor
     suppress: torch.Tensor
     eos: int
+    min_frames: int = 0
 
     def inputs(self, dtype: torch.dtype, max_blocks: int, scratch_slot: int, scratch_row: int) -> dict[str, Input]:
         return {"x": Input((1, self.talker.hidden_size), dtype), **decode_inputs(max_blocks, scratch_slot),
@@ -51,7 +52,8 @@ class FrameStep:
         """The codec frame chosen from the talker's last hidden states [B, H] (rows as `b`'s)."""
         logits = self.talker.codec_logits(hidden)
         eos = torch.arange(logits.shape[-1], device=logits.device)[None, :] == self.eos
-        suppress = self.suppress[None, :] | (b["no_eos"][:, None] & eos)
+        no_eos = b["no_eos"] | (b["frame"] < self.min_frames)
+        suppress = self.suppress[None, :] | (no_eos[:, None] & eos)
         code0 = static_sampler(b, "t")(logits, b["frame"], self.seen[b["slot"]], suppress)
         predictor, frame_no = static_sampler(b, "p"), b["frame"]
         cp = self.talker.code_predictor

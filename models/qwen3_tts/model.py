@@ -1,0 +1,66 @@
+"""Qwen3-TTS as one module tree: the talker (with its code predictor) and the 12 Hz codec's decoder.
+
+A checkpoint directory holds the model (config.json, model.safetensors) and the speech tokenizer in its
+`speech_tokenizer/` folder (its own config.json and model.safetensors). The preset `tiny-tts` is built
+from tiny.py with seeded random weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from models.common.code2wav import Code2Wav
+from models.common.weights import load_weights
+
+from .codec import build_decoder, load_decoder
+from .codec_config import CodecDecoderConfig, SpeechTokenizerConfig
+from .config import TtsConfig
+from .speaker_encoder import SpeakerEncoder
+from .talker import Talker
+from .tiny import PRESETS, random_weights_, tiny_codec
+
+log = logging.getLogger(__name__)
+SPEECH_TOKENIZER = "speech_tokenizer"  # the checkpoint's subfolder holding the 12 Hz codec
+
+
+class Qwen3Tts(nn.Module):
+    def __init__(self, cfg: TtsConfig, code2wav: Code2Wav | None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.talker = Talker(cfg.talker)
+        self.speaker_encoder = SpeakerEncoder(cfg.speaker_encoder) if cfg.speaker_encoder is not None else None
+        self.code2wav = code2wav
+
+
+def load_model(model: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+               seed: int = 0) -> Qwen3Tts:
+    """`model`: the preset 'tiny-tts' or a checkpoint directory."""
+    start = time.perf_counter()
+    if str(model) in PRESETS:
+        codec = build_decoder(CodecDecoderConfig.from_hf(tiny_codec()))
+        net = Qwen3Tts(TtsConfig.from_hf(PRESETS[str(model)]()), codec)
+        random_weights_(net, seed)
+        net = net.to(device=device, dtype=dtype)
+    else:
+        net = load_talker(model, device, dtype)
+        speech = Path(model) / SPEECH_TOKENIZER
+        net.code2wav = load_decoder(SpeechTokenizerConfig.load(speech).decoder, speech, device, dtype)
+    n = sum(p.numel() for p in net.parameters())
+    log.info("loaded %s: %.1f M parameters, %s %s, %.1f s", model, n / 1e6, device, dtype, time.perf_counter() - start)
+    return net.eval().requires_grad_(False)
+
+
+def load_talker(model: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> Qwen3Tts:
+    """The checkpoint's talker (and Base's speaker encoder), without the codec: what the codes depend on."""
+    cfg = TtsConfig.from_file(model)
+    with torch.device("meta"):
+        net = Qwen3Tts(cfg, None)
+    load_weights(net.talker, model, prefix="talker.", device=device, dtype=dtype)
+    if net.speaker_encoder is not None:
+        load_weights(net.speaker_encoder, model, prefix="speaker_encoder.", device=device, dtype=dtype)
+    return net.eval().requires_grad_(False)

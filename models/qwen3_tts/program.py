@@ -1,0 +1,160 @@
+"""Qwen3-TTS in the pipeline: a turn reads its last message's text aloud.
+
+prepare: resolve the voice, language and instruction; tokenize; build the talker prompt (prompt.py);
+register a talker work (the frame LM stage) and a Code2Wav work (audio of each frame as soon as it is
+made). Sessions keep nothing between turns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from models.common.code2wav_step import Code2WavStep, Code2WavWork
+from models.common.tokenizer import Tokenizer
+from pipelines.kv_cache import KVLayout, PagedKVCache
+from pipelines.pipeline import Emit, Pipeline
+from pipelines.program import ContextTooLong, StagedProgram
+from pipelines.stage import Stage, StageConfig
+from pipelines.types import Turn
+
+from .model import Qwen3Tts, load_model
+from .prompt import TextIds, build_prompt
+from .spec import Generation, TurnSettings, tts_spec
+from .stages import TalkerStep, TalkerWork
+from .state import Session, TurnState
+from .tiny import PRESETS, tiny_generation
+
+MAX_TEXT_CHARS = 16384  # refused before tokenizing
+KV_HEADROOM_GIB = 4.0
+
+
+@dataclass(frozen=True)
+class TtsPipelineConfig:
+    model: str
+    device: str
+    dtype: str
+    talker: StageConfig
+    code2wav: StageConfig
+    kv_memory_gib: float | None = None
+
+    @classmethod
+    def on(cls, model: str, device: str, dtype: str | None = None, graphs: bool | None = None,
+           kv_memory_gib: float | None = None, **overrides: dict) -> TtsPipelineConfig:
+        unknown = set(overrides) - {"talker", "code2wav"}
+        if unknown:
+            raise ValueError(f"Qwen3-TTS has stages talker and code2wav, not {sorted(unknown)}")
+        cuda = device.startswith("cuda")
+        graphs = cuda if graphs is None else graphs
+        talker = StageConfig(**{**dict(name="talker", device=device, max_batch=64, kv_blocks=1024, graphs=graphs,
+                                       graph_context=4096), **overrides.get("talker", {})})
+        code2wav = StageConfig(**{**dict(name="code2wav", device=device, max_batch=64, graphs=graphs),
+                                  **overrides.get("code2wav", {})})
+        if cuda and kv_memory_gib is None and "kv_blocks" not in overrides.get("talker", {}):
+            kv_memory_gib = -1.0  # from free memory once the weights are loaded
+        return cls(model, device, dtype or ("bfloat16" if cuda else "float32"), talker, code2wav, kv_memory_gib)
+
+    def kv_layout(self, model: Qwen3Tts) -> KVLayout:
+        t, sc = model.cfg.talker.text, self.talker
+        dtype = getattr(torch, self.dtype)
+        blocks = sc.kv_blocks
+        if self.kv_memory_gib is not None:
+            gib = self.kv_memory_gib
+            if gib < 0:
+                gib = torch.cuda.mem_get_info(torch.device(self.device))[0] / 2**30 - KV_HEADROOM_GIB
+            per_token = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * dtype.itemsize
+            blocks = int(gib * 2**30 / per_token) // sc.block_size
+        return KVLayout(t.num_hidden_layers, t.num_key_value_heads, t.head_dim, blocks, sc.block_size, dtype,
+                        self.device)
+
+
+class Qwen3TtsProgram(StagedProgram):
+    def __init__(self, model: Qwen3Tts, tokenizer: Tokenizer, gen: Generation, cfg: TtsPipelineConfig) -> None:
+        if model.code2wav is None:
+            raise ValueError("Qwen3-TTS needs its speech tokenizer's decoder to speak")
+        self.model, self.tokenizer, self.gen, self.cfg = model, tokenizer, gen, cfg
+        self.device, self.dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
+        kv = PagedKVCache(cfg.kv_layout(model))
+        with torch.inference_mode():
+            self.talker = TalkerStep(model.talker, model.cfg, self.dtype, kv, cfg.talker)
+            self.code2wav = Code2WavStep(model, self.device, self.dtype, graphs=cfg.code2wav.graphs,
+                                         buckets=cfg.code2wav.buckets)
+        tiny = cfg.model if cfg.model in PRESETS else ""
+        super().__init__(tts_spec(model.cfg, gen, tiny),
+                         [Stage(cfg.talker, self.talker, kv), Stage(cfg.code2wav, self.code2wav, None)],
+                         session_stage="talker")
+        self.max_context = kv.layout.num_blocks * kv.layout.block_size
+        self.capture_s = self.capture()
+
+    def new_session(self, session_id: str) -> Session:
+        return Session(session_id)
+
+    def extra_counters(self) -> dict:
+        return {"stream_slots": {"talker": self.talker.slots_in_use, "code2wav": self.code2wav.slots_in_use}}
+
+    def prepare(self, session: Session, turn: Turn, emit: Emit) -> tuple[TurnState, list]:
+        opts = TurnSettings.resolve(turn.options, self.spec, self.model.cfg, self.gen)
+        text = self._text(turn)
+        instruction = opts.instructions if self.spec.instructions else ""
+        ids = TextIds.of(self.tokenizer, text, instruction)
+        cfg = self.model.cfg
+        speaker = None
+        if turn.options.reference_audio is not None:  # Base: the reference's x-vector (spec.py checked it)
+            wave = turn.options.reference_audio
+            if wave.numel() < 2 * 1024 or not bool(torch.isfinite(wave).all()):
+                raise ValueError("reference audio must be finite and longer than 0.1 s")
+            speaker = self.model.speaker_encoder.embed(wave.clamp(-1, 1))
+        elif opts.speaker:
+            speaker_id = torch.tensor(cfg.talker.speaker_id(opts.speaker), device=self.device)
+            speaker = self.model.talker.embed_codec(speaker_id)
+        prompt = build_prompt(self.model.talker, cfg, ids, cfg.talker.language_id(opts.language, opts.speaker),
+                              speaker, streamed=cfg.model_type == "base")
+        if (total := prompt.embeds.shape[0] + opts.max_frames) > self.max_context:
+            raise ContextTooLong(f"{total} talker positions do not fit the {self.max_context}-token cache")
+        state = TurnState(turn.turn_id, session, opts, emit, prompt, text, tuple(ids.text),
+                          len(ids.ids) + len(ids.instruction), self.spec.output_rate)
+        s = self.by_name
+        return state, [(s["talker"], TalkerWork(state, s["talker"].kv)), (s["code2wav"], Code2WavWork(state))]
+
+    @staticmethod
+    def _text(turn: Turn) -> str:
+        if not turn.messages:
+            raise ValueError("a turn needs at least one message")
+        if any(m.audio is not None for m in turn.messages):
+            raise ValueError("this model reads text aloud; it does not hear audio")
+        text = turn.messages[-1].text
+        if len(text) > MAX_TEXT_CHARS:
+            raise ContextTooLong(f"the text is over {MAX_TEXT_CHARS} characters")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"text is not valid Unicode ({e.reason} at character {e.start})") from None
+        if not text.strip():
+            raise ValueError("there is no text to read")
+        return text
+
+    def truncate_reply(self, session_id: str, turn_id: str, audio_end_ms: int) -> tuple[str, bool]:
+        """A reading keeps no conversation: nothing to roll back; the text read is returned whole."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise KeyError(f"no reply {turn_id} in session {session_id}")
+        if session.turn is not None and session.turn.turn_id == turn_id:
+            text = session.turn.text
+            session.turn.finish("cancelled")
+            return text, False
+        raise KeyError(f"no reply {turn_id} in session {session_id}")
+
+
+def build_pipeline(cfg: TtsPipelineConfig, model: Qwen3Tts | None = None) -> Pipeline:
+    model = model or load_model(cfg.model, cfg.device, getattr(torch, cfg.dtype))
+    preset = cfg.model in PRESETS
+    tokenizer = Tokenizer.builtin() if preset else Tokenizer.load(cfg.model)
+    gen = Generation.read(tiny_generation() if preset else cfg.model)
+    return Pipeline(Qwen3TtsProgram(model, tokenizer, gen, cfg))
+
+
+def build(model: str, device: str = "cpu", dtype: str | None = None, graphs: bool | None = None,
+          kv_memory_gib: float | None = None, **stage_overrides: dict) -> Pipeline:
+    """The registry's entry point: `model` ('tiny-tts' or a checkpoint directory) on `device`'s defaults."""
+    return build_pipeline(TtsPipelineConfig.on(model, device, dtype, graphs, kv_memory_gib, **stage_overrides))

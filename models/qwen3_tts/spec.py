@@ -1,0 +1,124 @@
+"""What a Qwen3-TTS checkpoint declares, and a turn's settings resolved against it.
+
+Defaults are the reference's (qwen-tts 0.1.1): sampling with top-k 50, top-p 1.0, temperature 0.9 in
+the talker (repetition penalty 1.05) and in the code predictor, at most 2048 new tokens; the checkpoint's
+generation_config.json overrides each (`subtalker_*` keys are the code predictor's). The text goes to the
+talker whole (non-streaming) for CustomVoice and VoiceDesign, streamed one token per frame for Base, as
+the reference's generate_* functions default. Greedy is argmax in both, the penalty kept. Base clones the
+voice of reference audio (`GenerationOptions.reference_audio`, mono at 24 kHz, the output rate) from its
+x-vector; in-context cloning with the reference text is not served yet.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipelines.sampling import SamplingParams
+from pipelines.spec import ModelSpec
+from pipelines.types import GenerationOptions
+
+from .config import TtsConfig
+
+OUTPUT_RATE = 24000
+FRAME_SAMPLES = 1920  # 12.5 frames per second
+DEFAULTS = dict(do_sample=True, top_k=50, top_p=1.0, temperature=0.9, repetition_penalty=1.05,
+                subtalker_dosample=True, subtalker_top_k=50, subtalker_top_p=1.0, subtalker_temperature=0.9,
+                max_new_tokens=2048)
+GREEDY = SamplingParams(greedy=True)
+NAMES = {"custom_voice": "qwen3-tts-customvoice", "base": "qwen3-tts-base", "voice_design": "qwen3-tts-voicedesign"}
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The checkpoint's generation defaults: sampling per stage and the token budget."""
+
+    talker: SamplingParams
+    predictor: SamplingParams
+    max_new_tokens: int
+
+    @classmethod
+    def read(cls, model: str | Path | dict) -> Generation:
+        if isinstance(model, dict):
+            given = model
+        else:
+            path = Path(model) / "generation_config.json"
+            given = json.loads(path.read_text()) if path.is_file() else {}
+        g = {k: given.get(k, v) for k, v in DEFAULTS.items()}
+
+        def params(prefix: str) -> SamplingParams:
+            sample = bool(g[f"{prefix}dosample" if prefix else "do_sample"])
+            return SamplingParams(greedy=not sample, temperature=float(g[f"{prefix}temperature"]),
+                                  top_k=int(g[f"{prefix}top_k"] or 0), top_p=float(g[f"{prefix}top_p"]),
+                                  repetition_penalty=float(g["repetition_penalty"]) if not prefix else 1.0)
+
+        return cls(params(""), params("subtalker_"), int(g["max_new_tokens"]))
+
+
+def tts_spec(cfg: TtsConfig, gen: Generation, tiny: str = "") -> ModelSpec:
+    voices = tuple(name for name, _ in cfg.talker.speakers)
+    languages = tuple(name for name, _ in cfg.talker.languages if "dialect" not in name)
+    if not voices:  # Base and VoiceDesign have no named speakers: one voice, made by the clone or the instruction
+        voices = ("default",)
+    return ModelSpec(
+        name=NAMES[cfg.model_type], family="qwen3_tts", output_rate=OUTPUT_RATE, frame_samples=FRAME_SAMPLES,
+        voices=voices, default_voice=voices[0], languages=("auto", *languages),
+        instructions=cfg.takes_instructions, text_out=False, reads_aloud=True, clones=cfg.model_type == "base",
+        sampling={"talker": gen.talker, "predictor": gen.predictor}, tiny=tiny,
+    )
+
+
+def describe(model: str) -> ModelSpec:
+    """What `model` (the preset or a checkpoint directory) declares, from its config alone."""
+    from .tiny import PRESETS, tiny_generation
+
+    if model in PRESETS:
+        return tts_spec(TtsConfig.from_hf(PRESETS[model]()), Generation.read(tiny_generation()), model)
+    return tts_spec(TtsConfig.from_file(model), Generation.read(model))
+
+
+@dataclass(frozen=True)
+class TurnSettings:
+    """A turn's options resolved: the speaker (None: no named speaker), the language id, the instruction,
+    sampling per stage, and the frames it may make."""
+
+    speaker: str
+    language: str
+    instructions: str
+    talker: SamplingParams
+    predictor: SamplingParams
+    greedy: bool
+    max_frames: int
+    ignore_eos: bool
+    background: bool
+
+    @classmethod
+    def resolve(cls, opts: GenerationOptions, spec: ModelSpec, cfg: TtsConfig, gen: Generation) -> TurnSettings:
+        if not opts.audio:
+            raise ValueError("this model only speaks: ask for audio output")
+        if not spec.clones and (opts.reference_audio is not None or opts.reference_text):
+            raise ValueError("this model cannot clone a voice from reference audio")
+        if spec.clones and opts.reference_audio is None:
+            raise ValueError("this model speaks in a cloned voice: give reference audio (24 kHz)")
+        if opts.reference_text:
+            raise ValueError("in-context cloning (reference audio with its text) is not served yet; give the "
+                             "reference audio alone (x-vector cloning)")
+        voice = spec.voice(opts.voice)
+        speaker = voice if cfg.talker.speakers else ""
+        language = (opts.language or "auto").lower()
+        if language not in spec.languages:
+            raise ValueError(f"unknown language {opts.language!r} (this model has: {', '.join(spec.languages)})")
+        if opts.instructions and not spec.instructions:
+            raise ValueError("this model takes no instructions")
+        talker = opts.sampling_for("talker", gen.talker)
+        predictor = opts.sampling_for("predictor", gen.predictor)
+        if opts.greedy:
+            talker, predictor = SamplingParams(greedy=True, repetition_penalty=talker.repetition_penalty), GREEDY
+        if opts.seed:
+            talker = SamplingParams(**{**talker.__dict__, "seed": talker.seed or opts.seed})
+            predictor = SamplingParams(**{**predictor.__dict__, "seed": predictor.seed or opts.seed})
+        # the reference makes max_new_tokens - 1 frames when no EOS comes (the last token's frame is never made)
+        frames = min(opts.max_frames, max(1, gen.max_new_tokens - 1))
+        return cls(speaker, language, opts.instructions, talker, predictor, opts.greedy, frames, opts.ignore_eos,
+                   opts.background)

@@ -1,0 +1,85 @@
+"""Qwen3-TTS's two stages as the runtime sees them: the talker (the common frame LM stage, with this
+model's suppressed codec ids and minimum frames before EOS) and the common Code2Wav stage.
+
+The talker's work feeds the prompt once, then one row per frame: the frame's code embeddings' sum plus
+the prompt's text row for that step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from models.common.frame_stage import FrameStage
+from models.common.work import Work
+from pipelines.kv_cache import PagedKVCache
+from pipelines.stage import StageConfig
+
+from .config import TtsConfig
+from .state import TurnState
+from .talker import Talker
+
+CONTROL_IDS = 1024  # the codec vocabulary's last ids are control ids, never sampled (except codec_eos)
+MIN_FRAMES = 2  # the reference's min_new_tokens: no EOS before the third token
+
+
+class Rows:
+    """A growing [N, H] tensor kept as chunks; `tail(start)` returns rows start..N-1."""
+
+    def __init__(self, first: torch.Tensor) -> None:
+        self.chunks = [first]
+        self.n = first.shape[0]
+
+    def append(self, rows: torch.Tensor) -> None:
+        self.chunks.append(rows)
+        self.n += rows.shape[0]
+
+    def tail(self, start: int) -> torch.Tensor:
+        picked, end = [], self.n
+        for chunk in reversed(self.chunks):
+            if end <= start:
+                break
+            picked.append(chunk[max(0, chunk.shape[0] - (end - start)):])
+            end -= chunk.shape[0]
+        return torch.cat(picked[::-1]) if picked else self.chunks[0][:0]
+
+
+class TalkerWork(Work):
+    def __init__(self, turn: TurnState, kv: PagedKVCache) -> None:
+        super().__init__(turn, f"talker:{turn.turn_id}")
+        self.turn: TurnState = turn
+        self.kv = kv
+        self.inputs = Rows(turn.prompt.embeds)
+        self.next_embed: torch.Tensor | None = None  # codec part of the next input, once a frame is made
+        self.steps = 0  # decode inputs appended
+        self.slot: int | None = None  # row of the repetition-penalty state, from the first step
+        self.free_slot: Callable[[int], None] = lambda slot: None
+
+    def release(self) -> None:
+        if self.slot is not None:
+            self.free_slot(self.slot)
+            self.slot = None
+
+    def pending(self) -> int:
+        t = self.turn
+        if t.finished or t.talker_done:
+            return 0
+        if self.next_embed is not None:
+            self.inputs.append((self.next_embed + t.prompt.text_for_step(self.steps))[None])
+            self.next_embed, self.steps = None, self.steps + 1
+        return self.inputs.n - self.kv.length(self.key)
+
+
+def suppressed(cfg: TtsConfig) -> torch.Tensor:
+    vocab = cfg.talker.text.vocab_size
+    mask = torch.zeros(vocab, dtype=torch.bool)
+    mask[vocab - CONTROL_IDS:] = True
+    mask[cfg.talker.codec_eos_id] = False
+    return mask
+
+
+class TalkerStep(FrameStage):
+    def __init__(self, talker: Talker, cfg: TtsConfig, dtype: torch.dtype, kv: PagedKVCache, sc: StageConfig,
+                 slots: int = 1024) -> None:
+        super().__init__(talker, dtype, kv, sc, cfg.talker.codec_eos_id, suppressed(cfg), slots, MIN_FRAMES)

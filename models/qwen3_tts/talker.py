@@ -1,0 +1,91 @@
+"""Qwen3-TTS's talker: a dense Qwen3 whose every step makes one 16-codebook codec frame (it implements
+models/common/frame.py's FrameTalker), fed by a text embedding in the 2048-wide text space and its
+projection, plus the codec embedding.
+
+The code predictor is the common one with two differences of this checkpoint family: its codebook
+embeddings are in the talker's width, and `small_to_mtp_projection` (a linear layer with bias; none when
+the widths match) maps every predictor input down to the predictor's width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.common.code_predictor import CodePredictor
+from models.common.config import CodePredictorConfig
+from models.common.layers import DecoderLayer, KVCache, RMSNorm, Rope, SwiGLU, run_layers
+
+from .config import TalkerConfig
+
+
+class ResizeMLP(nn.Module):
+    """text width -> talker width: fc1, SiLU, fc2 (both with bias)."""
+
+    def __init__(self, inp: int, intermediate: int, out: int) -> None:
+        super().__init__()
+        self.linear_fc1 = nn.Linear(inp, intermediate)
+        self.linear_fc2 = nn.Linear(intermediate, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(F.silu(self.linear_fc1(x)))
+
+
+class TtsCodePredictor(CodePredictor):
+    def __init__(self, cfg: CodePredictorConfig, talker_hidden: int) -> None:
+        super().__init__(cfg)
+        groups = cfg.num_code_groups - 1
+        self.model.codec_embedding = nn.ModuleList(nn.Embedding(cfg.vocab_size, talker_hidden) for _ in range(groups))
+        self.small_to_mtp_projection = (nn.Linear(talker_hidden, cfg.hidden_size) if talker_hidden != cfg.hidden_size
+                                        else nn.Identity())
+
+    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        return self.model(self.small_to_mtp_projection(embeds), positions, cache)
+
+
+class TalkerModel(nn.Module):
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        t = cfg.text
+        self.codec_embedding = nn.Embedding(t.vocab_size, t.hidden_size)
+        self.text_embedding = nn.Embedding(cfg.text_vocab_size, cfg.text_hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(t.hidden_size, t.num_attention_heads, t.num_key_value_heads, t.head_dim, t.rms_norm_eps,
+                         SwiGLU(t.hidden_size, t.intermediate_size), t.attention_bias)
+            for _ in range(t.num_hidden_layers)
+        )
+        self.norm = RMSNorm(t.hidden_size, t.rms_norm_eps)
+        self.rope = Rope(t.head_dim, t.rope_theta)
+
+    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        return run_layers(self.layers, self.rope, self.norm, embeds, positions, cache)
+
+
+class Talker(nn.Module):
+    def __init__(self, cfg: TalkerConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.text.hidden_size
+        self.model = TalkerModel(cfg)
+        self.text_projection = ResizeMLP(cfg.text_hidden_size, cfg.text_hidden_size, h)
+        self.codec_head = nn.Linear(h, cfg.text.vocab_size, bias=False)
+        self.code_predictor = TtsCodePredictor(cfg.code_predictor, h)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.cfg.text.hidden_size
+
+    def forward(self, input_embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        """input_embeds [B, T, H], positions [B, T] -> the final normed hidden states [B, T, H]."""
+        return self.model(input_embeds, positions, cache)
+
+    def codec_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.codec_head(hidden)
+
+    def embed_codec(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.codec_embedding(ids)
+
+    def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
+        """Text token ids [...] -> their projected rows in the talker's width [..., H]."""
+        return self.text_projection(self.model.text_embedding(ids))
