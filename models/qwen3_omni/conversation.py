@@ -58,6 +58,16 @@ class Rows:
                 self.chunks[-1] = last[: last.shape[0] - drop]
 
 
+@dataclass(frozen=True)
+class SessionMark:
+    """A session's lengths at one moment: what a discarded held turn rolls back to."""
+
+    ids: int
+    talker_rows: int
+    talker_done_upto: int
+    kv_length: int
+
+
 @dataclass
 class Session:
     id: str
@@ -112,6 +122,7 @@ class TurnState:
     audio_done: bool = False
     audio_samples: int = 0
     finished: bool = False
+    held: bool = False  # started before the commit: runs behind committed work, events held back
     t_start: float = field(default_factory=time.perf_counter)
     t_first_text: float | None = None
     t_first_audio: float | None = None
@@ -123,7 +134,7 @@ class TurnState:
     def urgency(self) -> float:
         """Seconds of audio the listener still has buffered; before the first audio, minus the time the
         listener has been waiting for it."""
-        if not self.speaking or self.options.background:
+        if not self.speaking or self.options.background or self.held:
             return float("inf")
         now = time.perf_counter()
         if self.t_first_audio is None:
