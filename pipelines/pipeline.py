@@ -28,7 +28,7 @@ from typing import TypeVar
 from .program import Emit, Program
 from .spec import ModelSpec
 from .stage import Stage
-from .types import Event, Turn, TurnDone, TurnError
+from .types import AudioAhead, Event, Turn, TurnDone, TurnError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -152,6 +152,11 @@ class Pipeline:
         """Cut a reply back to what was heard (its first `audio_end_ms` of audio), on the engine thread:
         a Future of (heard text, whether the session's cache rolled back to it)."""
         return self.request(lambda: self.program.truncate_reply(session_id, turn_id, audio_end_ms))
+
+    def audio_ahead(self) -> AudioAhead | None:
+        """An encoder of one audio as it arrives (push pieces from any one thread, then put it on the
+        Message), or None when the model has none."""
+        return self.program.audio_ahead()
 
     def release(self, turn_id: str) -> concurrent.futures.Future[bool]:
         """A held turn's waiting events flow now, then live ones; a Future of whether it was held."""

@@ -18,7 +18,7 @@ import torch
 from .held import Gate, HeldTurn
 from .spec import ModelSpec
 from .stage import Stage
-from .types import Event, Turn, TurnDone, TurnError
+from .types import AudioAhead, Event, Turn, TurnDone, TurnError
 
 log = logging.getLogger(__name__)
 Emit = Callable[[Event], None]
@@ -59,6 +59,10 @@ class Program(Protocol):
 
     def truncate_reply(self, session_id: str, turn_id: str, audio_end_ms: int) -> tuple[str, bool]:
         """Cut a reply to its first `audio_end_ms` of audio: (heard text, whether the cache rolled back)."""
+        ...
+
+    def audio_ahead(self) -> AudioAhead | None:
+        """A new encoder of one audio as it arrives (Message.ahead), or None if the model has none."""
         ...
 
 
@@ -105,6 +109,9 @@ class StagedProgram:
 
     def extra_counters(self) -> dict:
         return {}
+
+    def audio_ahead(self) -> AudioAhead | None:
+        return None
 
     def mark(self, session: SessionHandle) -> object:
         """What `roll_back` needs to return the session to this moment (taken before a held turn)."""

@@ -83,3 +83,31 @@ def test_final_parts_are_encoded_before_the_commit(tower):
         stream.push(late[start : start + 3200])
     assert stream.cached_windows == 1 and stream.cached_chunks >= 9
     assert {f for _, f in stream.chunks} == {stream._floor()}  # every chunk re-encoded with the new floor
+
+
+def test_a_turn_encoded_ahead_answers_as_one_encoded_at_its_start():
+    """Through the pipeline: the message carries its AudioStream (Pipeline.audio_ahead) and gets the same
+    reply as the same audio without; an AudioStream that does not hold the message's audio is not used."""
+    import asyncio
+
+    from models.qwen3_omni.placement import PipelineConfig
+    from models.qwen3_omni.program import build_pipeline
+    from pipelines.types import GenerationOptions, Message, Turn
+
+    opts = GenerationOptions(greedy=True, max_text_tokens=6, max_frames=4)
+    audio = speech(2.6, 5)
+
+    async def reply(p, session: str, ahead) -> tuple:
+        events = [e async for e in p.submit(Turn(session, [Message("user", "", audio, ahead=ahead)], opts))]
+        return events[-1].text_ids, events[-1].codes, events[-1].usage
+
+    with build_pipeline(PipelineConfig()) as p:
+        ahead = p.audio_ahead()
+        for start in range(0, audio.numel(), 480):
+            ahead.push(audio[start : start + 480])
+        assert ahead.cached_chunks == 2
+        other = p.audio_ahead()
+        other.push(audio[:16000])  # not this message's audio
+        plain = asyncio.run(reply(p, "plain", None))
+        assert asyncio.run(reply(p, "ahead", ahead)) == plain
+        assert asyncio.run(reply(p, "other", other)) == plain

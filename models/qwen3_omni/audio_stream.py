@@ -75,6 +75,9 @@ class AudioStream:
             features = (torch.maximum(raw, raw.amax() - 8.0) + 4.0) / 4.0
             return features, self._encode(features, raw, floor)
 
+    def holds(self, audio: torch.Tensor) -> bool:
+        return audio.numel() == self.n and torch.equal(audio.float().reshape(-1).cpu(), self.buffer[: self.n])
+
     @property
     def cached_chunks(self) -> int:
         return len(self.chunks)

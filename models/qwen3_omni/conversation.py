@@ -17,6 +17,7 @@ import torch
 from models.common.tokenizer import StreamDecoder
 from pipelines.types import AudioChunk, Event, TextDelta, TurnDone, TurnError, Usage
 
+from .audio_stream import AudioStream
 from .spec import TurnSettings
 from .talker_prompt import TtsEmbeds
 from .tools import parse_tool_calls
@@ -102,7 +103,7 @@ class TurnState:
     on_close: Callable[[], None] = lambda: None
     prompt_ids: list[int] = field(default_factory=list)  # this turn's new thinker inputs
     cached_tokens: int = 0
-    audio_features: list[torch.Tensor] = field(default_factory=list)
+    audio_features: list[torch.Tensor | AudioStream] = field(default_factory=list)  # or encoded as it arrived
     prompt_ready: bool = False
     speaking: bool = True  # False for text-only turns and for replies that are tool calls
     tool_call_id: int = -1  # the token that opens a tool call (<tool_call>)
