@@ -21,12 +21,14 @@ import soundfile as sf
 RATE = 16000
 # (first part, rest): the cut falls where a speaker might pause, mid-sentence
 SENTENCES = (
-    ("Could you tell me how the weather will be", "in Paris tomorrow morning?"),
-    ("I would like to book a table for four people,", "at eight o'clock tonight."),
-    ("The meeting has been moved to Thursday", "because the manager is travelling."),
-    ("Please remind me to call my sister", "when I get home from work."),
+    ("Please remind me to call my sister when", "I get home from work."),
+    ("My favourite book is the one about a boy,", "who lives on a small island."),
+    ("Could you tell me how the weather will be,", "in Paris tomorrow morning?"),
+    ("If it rains tomorrow,", "we will stay at home and watch a film."),
+    ("When you get to the station,", "turn left and walk to the bridge."),
+    ("I need to buy eggs, milk,", "and a loaf of bread."),
+    ("After the concert ended,", "we walked home through the park."),
     ("What is the fastest way to get", "from the airport to the city centre?"),
-    ("My favourite book is the one about a boy", "who lives on a small island."),
 )
 
 

@@ -19,8 +19,8 @@ class Eagerness:
 
 
 EAGERNESS = {
-    "high": Eagerness(candidate_ms=160, confidence=0.5, max_silence_ms=600),
-    "medium": Eagerness(candidate_ms=192, confidence=0.8, max_silence_ms=1000),
-    "auto": Eagerness(candidate_ms=192, confidence=0.8, max_silence_ms=1000),
+    "high": Eagerness(candidate_ms=160, confidence=0.6, max_silence_ms=600),
+    "medium": Eagerness(candidate_ms=192, confidence=0.85, max_silence_ms=1000),
+    "auto": Eagerness(candidate_ms=192, confidence=0.85, max_silence_ms=1000),
     "low": Eagerness(candidate_ms=320, confidence=0.95, max_silence_ms=2000),
 }
