@@ -48,7 +48,8 @@ def test_silence_duration_sets_the_stop() -> None:
     u = utterance(1, "whole")
     stops = [_one_turn(u, VadConfig(silence_duration_ms=ms))[1] for ms in (200, 500, 800)]
     assert [s.speech_end_ms for s in stops] == [stops[0].speech_end_ms] * 3
-    assert [b.audio_end_ms - a.audio_end_ms for a, b in zip(stops, stops[1:], strict=False)] == [288, 288]  # 7, 16 and 25 frames of 32 ms
+    # 7, 16 and 25 frames of 32 ms
+    assert [b.audio_end_ms - a.audio_end_ms for a, b in zip(stops, stops[1:], strict=False)] == [288, 288]
     assert 200 <= stops[1].audio_end_ms - u.speech_end_s * 1000 <= 700  # 500 ms of silence after the last word
 
 
@@ -87,7 +88,8 @@ def test_noisy_corpus_no_missed_utterance(snr_db: float) -> None:
 def test_noise_alone_starts_no_turn() -> None:
     """Pink noise at the level of the 10 dB SNR corpus (and 10 dB louder) for 20 s."""
     speech = utterance(0, "whole")
-    rms = float(np.sqrt(np.mean(speech.audio[int(speech.speech_start_s * RATE) : int(speech.speech_end_s * RATE)] ** 2)))
+    voiced = speech.audio[int(speech.speech_start_s * RATE) : int(speech.speech_end_s * RATE)]
+    rms = float(np.sqrt(np.mean(voiced**2)))
     for gain in (0.316, 1.0):
         noise = pink_noise(20.0, seed=3) * rms * gain
         for threshold in (0.3, 0.5):
