@@ -15,10 +15,10 @@ since `reset(origin_ms)` (0 at construction), so events fall on 32 ms frame boun
   follow it. As in OpenAI's protocol, `SpeechStopped.audio_end_ms` is that detection point, so it includes the
   silence; `speech_end_ms` is the end of the last speech frame.
 - semantic_vad: once a pause reaches the preset's `candidate_ms`, Smart Turn reads the turn's last 8 s; at
-  `confidence` or more the turn ends there, else it is asked again every `candidate_ms` of pause and the turn
-  ends at `max_silence_ms` whatever it says (`EAGERNESS`, realtime/turn_presets.py). Without the model file the
-  session is served as server_vad with `silence_duration_ms` by eagerness (low 1000, medium and auto 500,
-  high 250) and a warning in the log.
+  `confidence` or more the turn ends there, else it is asked again after each further `candidate_ms` of pause, up
+  to `asks` times, and the turn ends at `max_silence_ms` whatever it says (`EAGERNESS`, realtime/turn_presets.py).
+  Without the model file the session is served as server_vad with `silence_duration_ms` by eagerness (low 1000,
+  medium and auto 500, high 250) and a warning in the log.
 - `idle_timeout_ms` (server_vad only): `arm_idle(at_ms)` starts the timer, on the audio clock, e.g. when the
   last response finished playing; once that much audio passes with no speech, `push` (or `idle(now_ms)`) yields
   one `IdleTimeout(audio_start_ms, audio_end_ms)`. Speech disarms it.
@@ -231,7 +231,7 @@ class ServerVad:
         if pause_ms >= e.max_silence_ms:
             return True
         candidate_frames = math.ceil(e.candidate_ms / FRAME_MS)
-        if self._run % candidate_frames:
+        if self._run % candidate_frames or self._run // candidate_frames > e.asks:
             return False
         turn = list(self._recent)[-min(self._turn_frames, len(self._recent)) :]
         return self._turn.complete(np.concatenate(turn)) >= e.confidence
