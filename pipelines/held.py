@@ -9,6 +9,7 @@ iterations where no committed work ran, and never takes KV blocks from committed
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,29 +20,37 @@ Emit = Callable[[Event], None]
 
 @dataclass
 class Gate:
-    """Passes a turn's events on, or keeps them while the turn is held; a dropped gate passes nothing."""
+    """Passes a turn's events on, or keeps them while the turn is held; a dropped gate passes nothing.
+    Thread-safe: the engine emits into it while the gateway releases it (the waiting events flow at once,
+    without waiting for the engine's current step)."""
 
     emit: Emit
     held: bool = False
     dropped: bool = False
     waiting: list[Event] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __call__(self, event: Event) -> None:
-        if self.dropped:
-            return
-        if self.held:
-            self.waiting.append(event)
-        else:
-            self.emit(event)
+        with self.lock:
+            if self.dropped:
+                return
+            if self.held:
+                self.waiting.append(event)
+            else:
+                self.emit(event)
 
     def release(self) -> None:
-        self.held = False
-        events, self.waiting = self.waiting, []
-        for event in events:
-            self.emit(event)
+        with self.lock:
+            if self.dropped:
+                return
+            self.held = False
+            events, self.waiting = self.waiting, []
+            for event in events:
+                self.emit(event)
 
     def drop(self) -> None:
-        self.dropped, self.waiting = True, []
+        with self.lock:
+            self.dropped, self.waiting = True, []
 
 
 @dataclass
@@ -52,3 +61,4 @@ class HeldTurn:
     session_id: str
     gate: Gate
     mark: object | None
+    ended: int = 0  # its TurnDone / TurnError, counted once made (uncounted if it is discarded)

@@ -25,6 +25,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
+from .held import Gate
 from .program import Emit, Program
 from .spec import ModelSpec
 from .stage import Stage
@@ -43,6 +44,8 @@ class Pipeline:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        self._gates: dict[str, Gate] = {}  # held turns' gates, by turn id, until released or discarded
+        self._lock = threading.Lock()
 
     @property
     def spec(self) -> ModelSpec:
@@ -97,7 +100,13 @@ class Pipeline:
                 gone = True
                 self.abort(turn.turn_id)
 
-        self.call(lambda: self.program.start_turn(turn, emit, held))
+        if held:
+            gate = Gate(emit, held=True)
+            with self._lock:
+                self._gates[turn.turn_id] = gate
+            self.call(lambda: self.program.start_turn(turn, gate, True))
+        else:
+            self.call(lambda: self.program.start_turn(turn, emit))
         return self._stream(turn.turn_id, events)
 
     async def _stream(self, turn_id: str, events: asyncio.Queue[Event]) -> AsyncIterator[Event]:
@@ -159,12 +168,22 @@ class Pipeline:
         return self.program.audio_ahead()
 
     def release(self, turn_id: str) -> concurrent.futures.Future[bool]:
-        """A held turn's waiting events flow now, then live ones; a Future of whether it was held."""
+        """A held turn's waiting events flow now (from this thread, not after the engine's current step),
+        then live ones; it is scheduled as committed work from the engine's next step. A Future of
+        whether it was held."""
+        with self._lock:
+            gate = self._gates.pop(turn_id, None)
+        if gate is not None:
+            gate.release()
         return self.request(lambda: self.program.release_turn(turn_id))
 
     def discard(self, turn_id: str) -> concurrent.futures.Future[bool]:
         """Abort a held turn and undo it (session, KV cache, slots, counters); none of its events is ever
         emitted. A Future of whether it was held."""
+        with self._lock:
+            gate = self._gates.pop(turn_id, None)
+        if gate is not None:
+            gate.drop()
         return self.request(lambda: self.program.discard_turn(turn_id))
 
     def abort(self, turn_id: str) -> None:

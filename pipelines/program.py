@@ -35,7 +35,10 @@ class Program(Protocol):
     spec: ModelSpec
     stages: list[Stage]  # in pipeline order
 
-    def start_turn(self, turn: Turn, emit: Emit, held: bool = False) -> None: ...
+    def start_turn(self, turn: Turn, emit: Emit, held: bool = False) -> None:
+        """A `held` turn's events go to `emit` only once released: pass a held Gate to release them from
+        another thread (Pipeline.release) without waiting for the engine."""
+        ...
 
     def release_turn(self, turn_id: str) -> bool: ...
 
@@ -140,30 +143,34 @@ class StagedProgram:
         here ends with exactly one TurnDone or TurnError (`counters` counts both). A `held` turn runs but
         its events wait for `release_turn`; `discard_turn` undoes it (one held turn per session)."""
         self.started += 1
+        gate = emit if isinstance(emit, Gate) else Gate(emit, held)
+        entry: HeldTurn | None = None
 
         def counted(event: Event) -> None:
             if isinstance(event, TurnDone | TurnError):
                 self.ended += 1
-            emit(event)
+                if entry is not None:
+                    entry.ended += 1
+            gate(event)
 
         session = self.sessions.get(turn.session_id) or self.new_session(turn.session_id)
         if session.turn is not None or any(h.session_id == turn.session_id for h in self.held.values()):
+            gate.release()  # a refusal is never held
             counted(TurnError(turn.turn_id, "session_busy", f"session {turn.session_id} already has an active turn"))
             return
-        gate = Gate(counted, held)
         if held:
             mark = self.mark(session) if turn.session_id in self.sessions else None
-            self.held[turn.turn_id] = HeldTurn(turn.turn_id, turn.session_id, gate, mark)
+            entry = self.held[turn.turn_id] = HeldTurn(turn.turn_id, turn.session_id, gate, mark)
         try:
             with torch.inference_mode():
-                state, works = self.prepare(session, turn, gate)
+                state, works = self.prepare(session, turn, counted)
         except ContextTooLong as e:
-            return gate(TurnError(turn.turn_id, "context_too_long", str(e)))
+            return counted(TurnError(turn.turn_id, "context_too_long", str(e)))
         except ValueError as e:
-            return gate(TurnError(turn.turn_id, "invalid_request", str(e)))
+            return counted(TurnError(turn.turn_id, "invalid_request", str(e)))
         except Exception as e:  # a bug in preparing one turn fails that turn alone
             log.exception("preparing turn %s failed", turn.turn_id)
-            return gate(TurnError(turn.turn_id, "internal_error", f"{type(e).__name__}: {e}"))
+            return counted(TurnError(turn.turn_id, "internal_error", f"{type(e).__name__}: {e}"))
         self.sessions[turn.session_id] = session
         session.turn = state
         state.held = held
@@ -205,6 +212,7 @@ class StagedProgram:
                 else:
                     self.roll_back(session, entry.mark, turn_id)
         self.started -= 1
+        self.ended -= entry.ended
         self.discarded += 1
         return True
 

@@ -7,6 +7,7 @@ releases it. Every server event is validated against the SDK's types (tests/real
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import time
 
@@ -23,6 +24,9 @@ LIMITS = Limits(max_text_tokens=8, max_frames=6)
 GA_ORDER = ["input_audio_buffer.speech_stopped", "input_audio_buffer.committed", "conversation.item.added",
             "conversation.item.done", "response.created"]
 SR = 24000
+# EndLikely comes 160 ms into the pause, the commit at silence_duration_ms: on a busy 2-core CPU the tiny
+# model needs about half a second to its first audio, so the pause leaves it that long
+SILENCE_MS = 800
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +66,8 @@ async def stream(conn, audio: np.ndarray, events: list[tuple[float, dict]], chun
 
 
 async def drain(conn, events: list[tuple[float, dict]], until_type: str) -> None:
-    while not events or events[-1][1]["type"] != until_type:
+    """Events until one of `until_type` has come (it may have come while streaming)."""
+    while not any(e["type"] == until_type for _, e in events):
         events.append((time.perf_counter(), await next_event(conn)))
 
 
@@ -79,17 +84,18 @@ def stats(server) -> dict:
 
 
 def test_released_reply_comes_in_ga_order_and_at_once(server):
-    """Five spoken questions, each answered by its held turn: the GA order, and commit -> first audio."""
+    """Spoken questions (three a session, two sessions), each answered by its held turn: the GA order,
+    and commit -> first audio delta."""
     url = server[0]
     before = stats(server)
     latencies: list[float] = []
 
-    async def go() -> None:
+    async def session() -> None:
         async with client(url).realtime.connect(model="qwen3-omni") as conn:
-            await open_session(conn)
-            for q in range(5):
+            await open_session(conn, silence_ms=SILENCE_MS)
+            for seed in (0, 10, 40):  # (speech_like voices the detector hears as speech)
                 events: list[tuple[float, dict]] = []
-                await stream(conn, spoken(("pause", 0.3), ("speech", 1.2), ("pause", 1.0), seed=10 * q), events)
+                await stream(conn, spoken(("pause", 0.3), ("speech", 1.2), ("pause", 1.5), seed=seed), events)
                 await drain(conn, events, "response.done")
                 types = [e["type"] for _, e in events]
                 start = types.index("input_audio_buffer.speech_stopped")
@@ -99,18 +105,18 @@ def test_released_reply_comes_in_ga_order_and_at_once(server):
                 first = next(t for t, e in events if e["type"] == "response.output_audio.delta")
                 latencies.append(first - committed)
                 item = next(e for _, e in events if e["type"] == "input_audio_buffer.committed")["item_id"]
-                done = events[-1][1]["response"]
+                done = next(e for _, e in events if e["type"] == "response.done")["response"]
                 assert done["status"] in ("completed", "incomplete") and done["output"], done  # (LIMITS cap it)
-                assert types.index("response.created") > types.index("conversation.item.done")
                 assert item == next(e for _, e in events if e["type"] == "conversation.item.added")["item"]["id"]
 
-    asyncio.run(go())
+    for _ in range(2):
+        asyncio.run(session())
     after = stats(server)
-    assert after["held_released"] - before["held_released"] == 5  # every reply was the held one
+    assert after["held_released"] - before["held_released"] == 6  # every reply was the held one
     p50 = statistics.median(latencies) * 1e3
     print(f"commit -> first audio delta with the held turn released: p50 {p50:.1f} ms, "
           f"all {[round(x * 1e3, 1) for x in latencies]}")
-    assert p50 < 100, latencies
+    assert p50 < 50, latencies
 
 
 def test_discarded_reply_sends_nothing_and_leaves_nothing(server):
@@ -123,16 +129,18 @@ def test_discarded_reply_sends_nothing_and_leaves_nothing(server):
         events: list[tuple[float, dict]] = []
         async with client(url).realtime.connect(model="qwen3-omni") as conn:
             await open_session(conn, silence_ms=800)
-            audio = spoken(("pause", 0.3), ("speech", 1.0), ("pause", 0.45), ("speech", 1.0), ("pause", 1.4))
+            audio = np.concatenate([quiet(0.3), speech_like(1.2, SR, 0), quiet(0.45, 2), speech_like(1.2, SR, 10),
+                                    quiet(1.5, 3)])
             await stream(conn, audio, events)
             await drain(conn, events, "response.done")
-            await asyncio.sleep(0.5)  # a stray event of the discarded turn would have arrived by now
-            with pytest.raises(TimeoutError):
-                events.append((0.0, await next_event(conn, 0.5)))
+            with contextlib.suppress(TimeoutError):  # a stray event of the discarded turn would come by now
+                while True:
+                    events.append((time.perf_counter(), await next_event(conn, 1.0)))
         return [e for _, e in events]
 
     seen = asyncio.run(go())
     types = [e["type"] for e in seen]
+    assert types[types.index("response.done") + 1 :] in ([], ["rate_limits.updated"]), types
     assert types.count("input_audio_buffer.speech_started") == 1 and types.count("response.created") == 1
     rid = next(e for e in seen if e["type"] == "response.created")["response"]["id"]
     assert all(e.get("response_id", rid) == rid for e in seen)
