@@ -11,6 +11,9 @@ session of `omni-realtime serve` (a child process), streamed as 20 ms appends of
 - false_cuts: speech_stopped events (each a commit and a reply) that fell before the last word: the user was
   still mid-sentence.
 
+The socket closes at the final turn's first audio delta (replies are capped at 24 tokens + frames, since the
+tiny random model never stops by itself).
+
   python benchmarks/bench_turns.py --out benchmarks/results/turns_cpu_tiny.json   # tiny model on CPU
   python benchmarks/bench_turns.py --model /models/qwen3-omni --device cuda          # full size
 """
@@ -70,8 +73,8 @@ async def one_turn(url: str, u: Utterance, td: dict, timeout_s: float) -> dict:
                         events.append((time.perf_counter(), ev))
 
         reader = asyncio.create_task(read())
-        await ws.send_json({"type": "session.update", "session": {"type": "realtime",
-                                                                  "audio": {"input": {"turn_detection": td}}}})
+        await ws.send_json({"type": "session.update", "session": {
+            "type": "realtime", "max_output_tokens": 24, "audio": {"input": {"turn_detection": td}}}})
         t0 = time.perf_counter()
         for i, chunk in enumerate(chunks(u)):
             await asyncio.sleep(max(0.0, t0 + i * APPEND_S - time.perf_counter()))
@@ -93,7 +96,7 @@ def _final_stop(events: list[tuple[float, dict]], u: Utterance) -> int | None:
 
 def _done_after(events: list[tuple[float, dict]], u: Utterance) -> bool:
     k = _final_stop(events, u)
-    return k is not None and any(e["type"] == "response.done" for _, e in events[k:])
+    return k is not None and any(e["type"] == "response.output_audio.delta" for _, e in events[k:])
 
 
 def _measure(u: Utterance, events: list[tuple[float, dict]], eos: float) -> dict:

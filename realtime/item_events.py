@@ -34,8 +34,11 @@ class ItemEvents:
         if any(i.id == item.id for i in self.conversation.items):
             raise ProtocolError("invalid_value", f"Item {clip(item.id)} already exists.", "item.id")
         prev = self.conversation.insert(item, event.get("previous_item_id"))
-        self.send({"type": "conversation.item.added", "previous_item_id": prev, "item": item.data})
-        self.send({"type": "conversation.item.done", "previous_item_id": prev, "item": item.data})
+        self._echo(prev, item)
+
+    def _echo(self, prev: str | None, item: Item) -> None:
+        for kind in ("conversation.item.added", "conversation.item.done"):
+            self.send({"type": kind, "previous_item_id": prev, "item": item.data})
 
     async def item_retrieve(self, event: dict) -> None:
         item = self.conversation.get(require(event, "item_id"))

@@ -357,10 +357,7 @@ def merge_update(current: dict, update: Any, schema: dict = SCHEMA, path: str = 
 
 
 def check_metadata(value: Any, where: str) -> None:
-    try:
-        _string_map(value)
-    except ValueError as e:
-        raise ProtocolError("invalid_value", f"Invalid value for '{where}': {e}.", where) from None
+    _leaf(_string_map, value, where)
 
 
 def require(event: dict, key: str, kind: type | tuple[type, ...] = str) -> Any:

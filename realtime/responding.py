@@ -19,10 +19,6 @@ from .response import Response
 log = logging.getLogger(__name__)
 
 
-def _items_from_client(raws: list, fmt: AudioFormat, rate: int) -> list[Item]:
-    return [item_from_client(raw, fmt, rate) for raw in raws]
-
-
 class Responding:
     """Mixed into RealtimeSession: the response.* client events and the responses they start."""
 
@@ -41,7 +37,8 @@ class Responding:
         if inputs is not None:
             if not isinstance(inputs, list) or len(inputs) > self.limits.max_items:
                 raise ProtocolError("invalid_type", "'response.input' must be a list of items", "response.input")
-            inputs = await self._off(_items_from_client, inputs, self.input_format, self.pipeline.spec.input_rate)
+            fmt, rate = self.input_format, self.pipeline.spec.input_rate
+            inputs = await self._off(lambda: [item_from_client(raw, fmt, rate) for raw in inputs])
             if self.response is not None:  # a turn-detected response started meanwhile
                 raise ProtocolError("conversation_already_has_active_response",
                                     f"Conversation already has an active response in progress: {self.response.id}.")
@@ -64,9 +61,7 @@ class Responding:
         if unknown:
             raise ProtocolError("unknown_parameter", f"Unknown parameter: 'response.{unknown[0]}'.",
                                 f"response.{unknown[0]}")
-        overrides = {k: spec[k] for k in ("instructions", "output_modalities", "tools", "tool_choice",
-                                          "max_output_tokens", "audio", "prompt", "tracing", "reasoning",
-                                          "parallel_tool_calls") if k in spec}
+        overrides = {k: v for k, v in spec.items() if k not in ("conversation", "metadata", "input")}
         cfg = check_config(merge_update(self.config, overrides, path="response"), self.pipeline.spec, "response")
         if spec.get("conversation", "auto") not in ("auto", "none"):
             raise ProtocolError("invalid_value", "conversation must be 'auto' or 'none'", "response.conversation")

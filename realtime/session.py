@@ -136,6 +136,7 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
         self._reset_vad()
         self.send({"type": "session.updated", "session": self.config})
 
+    # -- input audio buffer and turn detection (VAD events, commits) -----------------------------
     async def append(self, event: dict) -> None:
         data = require(event, "audio")
         if len(data) > MAX_APPEND_BYTES * 4 // 3 + 4:
@@ -168,15 +169,6 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
             return await self._hold_reply()
         if isinstance(ev, EndWithdrawn):  # they go on speaking
             return self._discard_held()
-        if isinstance(ev, IdleTimeout):
-            if self.response is not None:  # the timer starts again when this response has played
-                return
-            item_id = new_id("item")
-            self.send({"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": ev.audio_start_ms,
-                       "audio_end_ms": ev.audio_end_ms, "item_id": item_id})
-            if await self._commit(item_id) and td.get("create_response", True):
-                self._respond_when_idle()
-            return
         if isinstance(ev, SpeechStarted):
             self._discard_held()
             self.speech_item = new_id("item")
@@ -185,10 +177,16 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
             if self.response is not None and td.get("interrupt_response", True):
                 self._cancel("turn_detected")
             return
-        item_id = self.speech_item or new_id("item")
-        self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": int(ev.audio_end_ms),
-                   "item_id": item_id})
-        self.speech_item = None
+        if isinstance(ev, IdleTimeout):
+            if self.response is not None:  # the timer starts again when this response has played
+                return
+            item_id = new_id("item")
+            self.send({"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": ev.audio_start_ms,
+                       "audio_end_ms": ev.audio_end_ms, "item_id": item_id})
+        else:
+            item_id, self.speech_item = self.speech_item or new_id("item"), None
+            self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": int(ev.audio_end_ms),
+                       "item_id": item_id})
         if await self._commit(item_id) and td.get("create_response", True):
             self._respond_when_idle()
 
@@ -221,8 +219,7 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
         self.committed_at = time.perf_counter()
         prev = self.conversation.insert(item)
         self.send({"type": "input_audio_buffer.committed", "previous_item_id": prev, "item_id": item_id})
-        self.send({"type": "conversation.item.added", "previous_item_id": prev, "item": item.data})
-        self.send({"type": "conversation.item.done", "previous_item_id": prev, "item": item.data})
+        self._echo(prev, item)
         if self.transcribing or self.config["audio"]["input"].get("transcription"):
             self._transcribe(item)
         return True
@@ -236,6 +233,16 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
         self.buffer, self.buffer_ms, self.buffer_bytes = [], 0.0, 0
         if restart_vad and self.vad is not None:
             self.vad.reset(int(self.clock_ms))
+
+    def _reset_vad(self) -> None:
+        td = self.config["audio"]["input"]["turn_detection"]
+        if not td:
+            self.vad = None
+        elif self.vad is None or self.vad.cfg != VadConfig.from_config(td):
+            self.vad = ServerVad(VadConfig.from_config(td), self.pipeline.spec.input_rate, early=True)
+            self.vad.reset(int(self.clock_ms))
+            if self.response is None:  # the timer runs from now: the session's start, or this update
+                self.vad.arm_idle(int(self.clock_ms))
 
     # -- input transcription, by the model itself, in the background -------------------------------------
     def _transcribe(self, item: Item) -> None:
@@ -252,16 +259,6 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
     @property
     def input_format(self) -> AudioFormat:
         return AudioFormat.from_config(self.config["audio"]["input"]["format"])
-
-    def _reset_vad(self) -> None:
-        td = self.config["audio"]["input"]["turn_detection"]
-        if not td:
-            self.vad = None
-        elif self.vad is None or self.vad.cfg != VadConfig.from_config(td):
-            self.vad = ServerVad(VadConfig.from_config(td), self.pipeline.spec.input_rate, early=True)
-            self.vad.reset(int(self.clock_ms))
-            if self.response is None:  # the timer runs from now: the session's start, or this update
-                self.vad.arm_idle(int(self.clock_ms))
 
 
 HANDLERS = {
