@@ -3,12 +3,15 @@
     pipeline = Pipeline(program); pipeline.start()
     pipeline.spec                                      # what the model declares (rates, voices, abilities)
     async for event in pipeline.submit(turn): ...      # TextDelta / AudioChunk / TurnDone | TurnError
+    pipeline.submit(turn, held=True)                   # runs now, its events wait (pipelines/held.py) for
+    pipeline.release(turn_id) / pipeline.discard(turn_id)   # ... flowing at once, or the turn undone
     pipeline.abort(turn_id); pipeline.end_session(session_id); pipeline.close()
 
 The engine thread owns every model, cache and work item; other threads only queue commands, so the
 asyncio loop hosting the gateway never blocks on a model step. Each engine iteration runs one batch of
 each stage in pipeline order, so a turn's data can pass through every stage within one iteration: the
-first audio frame of a reply can be decoded in the same iteration that made it.
+first audio frame of a reply can be decoded in the same iteration that made it. Held turns' work runs
+only in iterations where no committed work ran.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
+from .held import Gate
 from .program import Emit, Program
 from .spec import ModelSpec
 from .stage import Stage
-from .types import Event, Turn, TurnDone, TurnError
+from .types import AudioAhead, Event, Turn, TurnDone, TurnError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -40,6 +44,8 @@ class Pipeline:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        self._gates: dict[str, Gate] = {}  # held turns' gates, by turn id, until released or discarded
+        self._lock = threading.Lock()
 
     @property
     def spec(self) -> ModelSpec:
@@ -76,9 +82,10 @@ class Pipeline:
         """Run `fn` on the engine thread between steps."""
         self._commands.put(fn)
 
-    def submit(self, turn: Turn) -> AsyncIterator[Event]:
+    def submit(self, turn: Turn, held: bool = False) -> AsyncIterator[Event]:
         """Start a turn; its events arrive in order and end with TurnDone or TurnError. Closing the
-        iterator early (or dropping it) aborts the turn."""
+        iterator early (or dropping it) aborts the turn. A `held` turn's events arrive only after
+        `release`; after `discard` none ever arrive (close the iterator)."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
         gone = False
@@ -93,7 +100,13 @@ class Pipeline:
                 gone = True
                 self.abort(turn.turn_id)
 
-        self.call(lambda: self.program.start_turn(turn, emit))
+        if held:
+            gate = Gate(emit, held=True)
+            with self._lock:
+                self._gates[turn.turn_id] = gate
+            self.call(lambda: self.program.start_turn(turn, gate, True))
+        else:
+            self.call(lambda: self.program.start_turn(turn, emit))
         return self._stream(turn.turn_id, events)
 
     async def _stream(self, turn_id: str, events: asyncio.Queue[Event]) -> AsyncIterator[Event]:
@@ -149,6 +162,30 @@ class Pipeline:
         a Future of (heard text, whether the session's cache rolled back to it)."""
         return self.request(lambda: self.program.truncate_reply(session_id, turn_id, audio_end_ms))
 
+    def audio_ahead(self) -> AudioAhead | None:
+        """An encoder of one audio as it arrives (push pieces from any one thread, then put it on the
+        Message), or None when the model has none."""
+        return self.program.audio_ahead()
+
+    def release(self, turn_id: str) -> concurrent.futures.Future[bool]:
+        """A held turn's waiting events flow now (from this thread, not after the engine's current step),
+        then live ones; it is scheduled as committed work from the engine's next step. A Future of
+        whether it was held."""
+        with self._lock:
+            gate = self._gates.pop(turn_id, None)
+        if gate is not None:
+            gate.release()
+        return self.request(lambda: self.program.release_turn(turn_id))
+
+    def discard(self, turn_id: str) -> concurrent.futures.Future[bool]:
+        """Abort a held turn and undo it (session, KV cache, slots, counters); none of its events is ever
+        emitted. A Future of whether it was held."""
+        with self._lock:
+            gate = self._gates.pop(turn_id, None)
+        if gate is not None:
+            gate.drop()
+        return self.request(lambda: self.program.discard_turn(turn_id))
+
     def abort(self, turn_id: str) -> None:
         self.call(lambda: self.program.abort_turn(turn_id))
 
@@ -174,6 +211,9 @@ class Pipeline:
         ran = False
         for stage in self.program.stages:
             ran |= self._step(stage)
+        if not ran:  # held turns run behind committed work
+            for stage in self.program.stages:
+                ran |= self._step(stage, held=True)
         if not ran:
             with contextlib.suppress(queue.Empty):
                 self._commands.get(timeout=self.idle_wait_s)()
@@ -189,9 +229,9 @@ class Pipeline:
             except Exception:
                 log.exception("engine command failed")
 
-    def _step(self, stage: Stage) -> bool:
+    def _step(self, stage: Stage, held: bool = False) -> bool:
         try:
-            return stage.step()
+            return stage.step(held)
         except Exception as e:  # the batch's turns got an error; the engine and every other turn go on
             log.exception("stage %s failed", stage.name)
             self.error = e

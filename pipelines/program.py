@@ -1,8 +1,9 @@
 """A model's side of the pipeline (`Program`), and the turn bookkeeping every model shares (`StagedProgram`).
 
 A model subclasses StagedProgram and writes what is its own: `new_session`, `prepare` (a turn's state
-and one Work per stage it passes through), `truncate_reply` and its extra counters. Starting, refusing,
-aborting and closing turns, ending sessions, counting, KV capacity and the integrity check live here once.
+and one Work per stage it passes through), `truncate_reply`, `mark` / `roll_back` (undoing a held turn)
+and its extra counters. Starting, refusing, holding, releasing, discarding, aborting and closing turns,
+ending sessions, counting, KV capacity and the integrity check live here once.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from typing import Protocol
 
 import torch
 
+from .held import Gate, HeldTurn
 from .spec import ModelSpec
 from .stage import Stage
-from .types import Event, Turn, TurnDone, TurnError
+from .types import AudioAhead, Event, Turn, TurnDone, TurnError
 
 log = logging.getLogger(__name__)
 Emit = Callable[[Event], None]
@@ -33,7 +35,14 @@ class Program(Protocol):
     spec: ModelSpec
     stages: list[Stage]  # in pipeline order
 
-    def start_turn(self, turn: Turn, emit: Emit) -> None: ...
+    def start_turn(self, turn: Turn, emit: Emit, held: bool = False) -> None:
+        """A `held` turn's events go to `emit` only once released: pass a held Gate to release them from
+        another thread (Pipeline.release) without waiting for the engine."""
+        ...
+
+    def release_turn(self, turn_id: str) -> bool: ...
+
+    def discard_turn(self, turn_id: str) -> bool: ...
 
     def abort_turn(self, turn_id: str) -> None: ...
 
@@ -55,11 +64,16 @@ class Program(Protocol):
         """Cut a reply to its first `audio_end_ms` of audio: (heard text, whether the cache rolled back)."""
         ...
 
+    def audio_ahead(self) -> AudioAhead | None:
+        """A new encoder of one audio as it arrives (Message.ahead), or None if the model has none."""
+        ...
+
 
 class TurnHandle(Protocol):
     """What the bookkeeping needs of a model's per-turn state."""
 
     finished: bool
+    held: bool  # its works run only behind committed work (pipelines/held.py)
     on_close: Callable[[], None]
 
     def finish(self, status: str) -> None: ...
@@ -83,6 +97,8 @@ class StagedProgram:
         self.sessions: dict[str, SessionHandle] = {}
         self.turns: dict[str, tuple[TurnHandle, list[tuple[Stage, object]]]] = {}
         self.started = self.ended = 0
+        self.held: dict[str, HeldTurn] = {}
+        self.released = self.discarded = 0
 
     # what a model writes
     def new_session(self, session_id: str) -> SessionHandle:
@@ -96,6 +112,17 @@ class StagedProgram:
 
     def extra_counters(self) -> dict:
         return {}
+
+    def audio_ahead(self) -> AudioAhead | None:
+        return None
+
+    def mark(self, session: SessionHandle) -> object:
+        """What `roll_back` needs to return the session to this moment (taken before a held turn)."""
+        raise NotImplementedError
+
+    def roll_back(self, session: SessionHandle, mark: object, turn_id: str) -> None:
+        """Undo everything turn `turn_id` (ended) did to the session: inputs, replies, KV, to `mark`."""
+        raise NotImplementedError
 
     def truncate_reply(self, session_id: str, turn_id: str, audio_end_ms: int) -> tuple[str, bool]:
         raise NotImplementedError
@@ -111,20 +138,29 @@ class StagedProgram:
             log.info("CUDA graphs captured in %.1f s", seconds)
         return seconds
 
-    def start_turn(self, turn: Turn, emit: Emit) -> None:
+    def start_turn(self, turn: Turn, emit: Emit, held: bool = False) -> None:
         """Register a turn's works, or refuse it (TurnError) before any work exists. Every turn started
-        here ends with exactly one TurnDone or TurnError (`counters` counts both)."""
+        here ends with exactly one TurnDone or TurnError (`counters` counts both). A `held` turn runs but
+        its events wait for `release_turn`; `discard_turn` undoes it (one held turn per session)."""
         self.started += 1
+        gate = emit if isinstance(emit, Gate) else Gate(emit, held)
+        entry: HeldTurn | None = None
 
         def counted(event: Event) -> None:
             if isinstance(event, TurnDone | TurnError):
                 self.ended += 1
-            emit(event)
+                if entry is not None:
+                    entry.ended += 1
+            gate(event)
 
         session = self.sessions.get(turn.session_id) or self.new_session(turn.session_id)
-        if session.turn is not None:
+        if session.turn is not None or any(h.session_id == turn.session_id for h in self.held.values()):
+            gate.release()  # a refusal is never held
             counted(TurnError(turn.turn_id, "session_busy", f"session {turn.session_id} already has an active turn"))
             return
+        if held:
+            mark = self.mark(session) if turn.session_id in self.sessions else None
+            entry = self.held[turn.turn_id] = HeldTurn(turn.turn_id, turn.session_id, gate, mark)
         try:
             with torch.inference_mode():
                 state, works = self.prepare(session, turn, counted)
@@ -137,6 +173,7 @@ class StagedProgram:
             return counted(TurnError(turn.turn_id, "internal_error", f"{type(e).__name__}: {e}"))
         self.sessions[turn.session_id] = session
         session.turn = state
+        state.held = held
         self.turns[turn.turn_id] = (state, works)
         state.on_close = lambda: self._close(turn.turn_id)
         try:
@@ -145,6 +182,39 @@ class StagedProgram:
         except Exception as e:
             log.exception("registering turn %s failed", turn.turn_id)
             state.fail("internal_error", f"{type(e).__name__}: {e}")
+
+    def release_turn(self, turn_id: str) -> bool:
+        """A held turn becomes a committed one: its waiting events flow now, then live ones."""
+        entry = self.held.pop(turn_id, None)
+        if entry is None:
+            return False
+        if turn_id in self.turns:
+            self.turns[turn_id][0].held = False
+        self.released += 1
+        entry.gate.release()
+        return True
+
+    def discard_turn(self, turn_id: str) -> bool:
+        """Abort a held turn and undo it: no event of it is ever emitted, and its session, KV cache,
+        slots and counters are as before it started."""
+        entry = self.held.pop(turn_id, None)
+        if entry is None:
+            return False
+        entry.gate.drop()
+        if turn_id in self.turns:
+            self.turns[turn_id][0].finish("cancelled")  # its works leave; their slots and stream caches go
+        session = self.sessions.get(entry.session_id)
+        if session is not None:
+            with torch.inference_mode():
+                if entry.mark is None:  # the session began with this turn
+                    self.sessions.pop(entry.session_id)
+                    self.by_name[self.session_stage].kv.release(session.kv_key)
+                else:
+                    self.roll_back(session, entry.mark, turn_id)
+        self.started -= 1
+        self.ended -= entry.ended
+        self.discarded += 1
+        return True
 
     def abort_turn(self, turn_id: str) -> None:
         entry = self.turns.get(turn_id)
@@ -155,6 +225,8 @@ class StagedProgram:
         session = self.sessions.pop(session_id, None)
         if session is None:
             return
+        for turn_id in [t for t, h in self.held.items() if h.session_id == session_id]:
+            self.held.pop(turn_id).gate.drop()
         if session.turn is not None:
             session.turn.finish("cancelled")
         self.by_name[self.session_stage].kv.release(session.kv_key)
@@ -171,7 +243,8 @@ class StagedProgram:
         works per stage: what tests check returns to zero, and what /metrics can show."""
         return {
             "turns_started": self.started, "turns_ended": self.ended, "turns_active": len(self.turns),
-            "sessions": len(self.sessions),
+            "sessions": len(self.sessions), "held": len(self.held),
+            "held_released": self.released, "held_discarded": self.discarded,
             "kv_blocks": {s.name: s.kv.layout.num_blocks - s.kv.num_free for s in self.stages if s.kv is not None},
             "works": {s.name: len(s.scheduler.works) for s in self.stages},
             **self.extra_counters(),

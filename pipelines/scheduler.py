@@ -9,6 +9,8 @@ Order: a new turn's prefill is what stands between a listener and their first au
 first, within a token budget per step. The exception is a stream that is still ahead of real time but
 about to run dry (less than URGENT_S buffered): it is served first, so it does not glitch. A stream that
 is already behind is not helped by starving new turns. Decodes run most urgent first, up to max_batch.
+Held works (turns started before their commit, pipelines/held.py) are scheduled apart (`schedule(held=True)`,
+which the pipeline calls only when no committed work ran), and never take KV blocks from committed work.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ URGENT_S = 0.25  # a stream with less audio buffered than this is served before 
 class Work(Protocol):
     key: str  # KV sequence id (a session's conversation, or one turn's stream in a later stage)
     keep_kv: bool  # the cache outlives the work (a session's conversation between turns)
+    held: bool  # its turn is held back: it runs only when no committed work is ready
 
     def pending(self) -> int:
         """Inputs known but not yet in the cache (0: nothing to run now)."""
@@ -64,8 +67,8 @@ class Scheduler:
         if self.kv is not None and not work.keep_kv:
             self.kv.release(work.key)
 
-    def schedule(self) -> Batch | None:
-        ready = [(w, n) for w in list(self.works) if (n := self._pending(w)) > 0]
+    def schedule(self, held: bool = False) -> Batch | None:
+        ready = [(w, n) for w in list(self.works) if w.held == held and (n := self._pending(w)) > 0]
         ready = [(w, n) for w, n in ready if w in self.works]  # a failed turn's other works left just now
         if not ready:
             return None
@@ -143,17 +146,19 @@ class Scheduler:
         no more urgent than w and not already in the batch being formed."""
         active = {x.key for x in self.works}
         idle = self.kv.lru(exclude=active)
-        if idle:
+        if idle and not w.held:
             self.kv.release(idle[0])
             self.evictions += 1
             return True
         victims = [
             x for x in self.works
             if x is not w and x.key not in protected and self.kv.length(x.key) > 0 and x.urgency() >= w.urgency()
+            and (x.held or not w.held)
         ]
         if not victims:
             return False
-        victim = victims[-1]  # the newest of the least urgent: the oldest streams keep going
+        held = [x for x in victims if x.held]
+        victim = (held or victims)[-1]  # held work first; the newest of the least urgent: the oldest streams go on
         self.kv.release(victim.key)  # recomputed from its history when it runs again
         self.preemptions += 1
         return True

@@ -58,10 +58,11 @@ class Stage:
     def remove(self, work: Work) -> None:
         self.scheduler.remove(work)
 
-    def step(self) -> bool:
-        """Run one batch if there is work; returns whether anything ran. A batch whose step raises fails
-        its own works (their caches released) and the error propagates; other works are untouched."""
-        batch = self.scheduler.schedule()
+    def step(self, held: bool = False) -> bool:
+        """Run one batch if there is work (of held turns only, or of committed ones only); returns whether
+        anything ran. A batch whose step raises fails its own works (their caches released) and the error
+        propagates; other works are untouched."""
+        batch = self.scheduler.schedule(held)
         if batch is None:
             return False
         try:

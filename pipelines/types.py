@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
@@ -27,10 +27,21 @@ class ToolCall:
     call_id: str = ""
 
 
+class AudioAhead(Protocol):
+    """A model's encoding of an audio made while it arrived (`Pipeline.audio_ahead()`): `push` pieces as
+    they come; a Message whose `audio` is exactly what was pushed encodes only the tail at its turn."""
+
+    def push(self, audio: torch.Tensor) -> None: ...
+
+    def holds(self, audio: torch.Tensor) -> bool:
+        """Whether exactly `audio` was pushed."""
+        ...
+
+
 @dataclass(frozen=True)
 class Message:
     """One new message of a conversation. `audio`: mono float32 PCM at the model's input rate
-    (`ModelSpec.input_rate`), user messages only.
+    (`ModelSpec.input_rate`), user messages only; `ahead`: its encoding so far, if the gateway made one.
     A "tool" message carries a function's output as `text`; an assistant message may carry the tool
     calls it made (history re-sent after a reset)."""
 
@@ -38,6 +49,7 @@ class Message:
     text: str = ""
     audio: torch.Tensor | None = None
     tool_calls: tuple[ToolCall, ...] = ()
+    ahead: AudioAhead | None = None
 
     def __post_init__(self) -> None:
         if self.audio is not None and (self.role != "user" or self.audio.dim() != 1):

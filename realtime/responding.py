@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -69,21 +68,26 @@ class Responding:
         check_metadata(spec.get("metadata"), "response.metadata")
         return cfg
 
-    def _start_response(self, spec: dict, inputs: list[Item] | None = None) -> None:
-        cfg = self._response_config(spec)
-        out_of_band = spec.get("conversation", "auto") == "none"
-        own_session = out_of_band or inputs is not None  # a pipeline session of its own, ended with the response
-        session, messages = self._messages(cfg, inputs, out_of_band)
+    def _turn_options(self, cfg: dict) -> GenerationOptions:
         limit = cfg["max_output_tokens"]
-        modality = cfg["output_modalities"][0]
-        opts = GenerationOptions(
-            audio=modality == "audio", voice=model_voice(cfg["audio"]["output"]["voice"], self.pipeline.spec),
+        return GenerationOptions(
+            audio=cfg["output_modalities"][0] == "audio",
+            voice=model_voice(cfg["audio"]["output"]["voice"], self.pipeline.spec),
             max_text_tokens=self.limits.max_text_tokens if limit == "inf" else limit,
             max_frames=self.limits.max_frames if limit == "inf" else min(limit, self.limits.max_frames),
             tools=tuple(cfg["tools"]) if cfg["tool_choice"] != "none" else (),
             tool_choice=cfg["tool_choice"],
         )
-        turn = Turn(session, messages, opts)
+
+    def _start_response(self, spec: dict, inputs: list[Item] | None = None) -> None:
+        cfg = self._response_config(spec)
+        out_of_band = spec.get("conversation", "auto") == "none"
+        own_session = out_of_band or inputs is not None  # a pipeline session of its own, ended with the response
+        held = self._take_held(spec, inputs)  # the reply started in the silence (early_reply.py), if it fits
+        turn = held.turn if held is not None else Turn(*self._messages(cfg, inputs, out_of_band),
+                                                        self._turn_options(cfg))
+        limit = cfg["max_output_tokens"]
+        modality = cfg["output_modalities"][0]
         response = Response(self.send, None if out_of_band else self.conversation, modality,
                             AudioFormat.from_config(cfg["audio"]["output"]["format"]),
                             cfg["audio"]["output"]["voice"], limit, spec.get("metadata"), turn_id=turn.turn_id,
@@ -94,29 +98,26 @@ class Responding:
         self.committed_at = None
         self.response = response
         response.created()
-        events = self.pipeline.submit(turn) if own_session else self._events(turn, response, cfg)
+        if held is not None:
+            self.pipeline.release(turn.turn_id)
+            events = held.events
+        else:
+            events = self.pipeline.submit(turn) if own_session else self._events(turn, response, cfg)
         self.task = asyncio.create_task(self._run(response, turn, events, own_session))
 
     def _messages(self, cfg: dict, inputs: list[Item] | None, out_of_band: bool) -> tuple[str, list[Message]]:
         """The pipeline session and the messages it has not seen yet (all of them after a reset)."""
-        context = (cfg["instructions"], json.dumps(cfg["tools"]), json.dumps(cfg["tool_choice"]))
         system = [Message("system", cfg["instructions"])] if cfg["instructions"] else []
         if out_of_band or inputs is not None:
             messages = system + to_messages(inputs if inputs is not None else self._context())
             if not messages:
                 raise ProtocolError("invalid_value", "Nothing to respond to.", "response.input")
             return new_id("oob"), messages
-        items = self._context()
-        ids = [i.id for i in items]
-        reuse = context == self.sent_context and ids[: len(self.sent)] == self.sent
-        messages = to_messages(items[len(self.sent):]) if reuse else system + to_messages(items)
-        if not messages:
+        plan = self._plan(cfg, self._context())
+        if not plan.messages:
             raise ProtocolError("invalid_value", "Nothing new in the conversation to respond to.")
-        if not reuse:
-            self.pipeline.end_session(self.pipe_session)
-            self.pipe_session = new_id("pipe")
-        self.sent, self.sent_context = ids, context
-        return self.pipe_session, messages
+        self._adopt(plan)
+        return plan.session, plan.messages
 
     def _context(self) -> list[Item]:
         """The conversation as the model reads it: without the items truncation dropped."""

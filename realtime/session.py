@@ -18,6 +18,7 @@ from pipelines.pipeline import Pipeline
 
 from .audio import AudioFormat, to_model_rate
 from .capabilities import check_config
+from .early_reply import EarlyReply
 from .input_audio import AppendRate, decode_append
 from .item_events import ItemEvents
 from .items import Conversation, Item, user_audio_item
@@ -36,7 +37,7 @@ from .protocol import (
 from .responding import Responding
 from .response import Response
 from .transcription import transcribe
-from .vad import IdleTimeout, ServerVad, SpeechStarted, SpeechStopped, VadConfig
+from .vad import EndLikely, EndWithdrawn, IdleTimeout, ServerVad, SpeechStarted, VadConfig, VadEvent
 
 log = logging.getLogger(__name__)
 MAX_APPEND_BYTES = 15 * 1024 * 1024
@@ -56,7 +57,9 @@ class Limits:
     max_items: int = 4096  # conversation items kept per session
 
 
-class RealtimeSession(ItemEvents, Responding):
+class RealtimeSession(EarlyReply, ItemEvents, Responding):
+    min_commit_ms = MIN_COMMIT_MS
+
     def __init__(self, send: Callable[[dict], None], pipeline: Pipeline, model: str, metrics: Metrics,
                  limits: Limits = Limits(), executor: Executor | None = None, intent: str | None = None) -> None:
         """`executor` runs the audio work (decoding, resampling, turn detection) off the event loop; a
@@ -99,6 +102,7 @@ class RealtimeSession(ItemEvents, Responding):
             self.task.cancel()
         for t in list(self.background):
             t.cancel()
+        self._discard_held()
         self.pipeline.end_session(self.pipe_session)
 
     # -- client events -----------------------------------------------------------------------------
@@ -128,6 +132,7 @@ class RealtimeSession(ItemEvents, Responding):
     async def session_update(self, event: dict) -> None:
         config = update_session(self.config, require(event, "session", dict), self.model, self.pipeline.spec)
         self.config = check_config(config, self.pipeline.spec)
+        self._discard_held()
         self._reset_vad()
         self.send({"type": "session.updated", "session": self.config})
 
@@ -158,9 +163,14 @@ class RealtimeSession(ItemEvents, Responding):
         for ev in events:
             await self._vad_event(ev)
 
-    async def _vad_event(self, ev: SpeechStarted | SpeechStopped | IdleTimeout) -> None:
+    async def _vad_event(self, ev: VadEvent) -> None:
         td = self.config["audio"]["input"]["turn_detection"]
+        if isinstance(ev, EndLikely):  # the user has probably finished: start the reply, held back
+            return await self._hold_reply()
+        if isinstance(ev, EndWithdrawn):  # they go on speaking
+            return self._discard_held()
         if isinstance(ev, SpeechStarted):
+            self._discard_held()
             self.speech_item = new_id("item")
             self.send({"type": "input_audio_buffer.speech_started", "audio_start_ms": int(ev.audio_start_ms),
                        "item_id": self.speech_item})
@@ -201,10 +211,12 @@ class RealtimeSession(ItemEvents, Responding):
             self._clear_buffer()
             return False
         buffer, fmt = self.buffer, self.input_format
+        item = self._held_item(item_id)  # made from this very buffer at EndLikely
         self._clear_buffer()
-        audio = await self._off(lambda: to_model_rate(torch.cat(buffer), fmt, self.pipeline.spec.input_rate))
+        if item is None:
+            audio = await self._off(lambda: to_model_rate(torch.cat(buffer), fmt, self.pipeline.spec.input_rate))
+            item = user_audio_item(item_id, audio)
         self.committed_at = time.perf_counter()
-        item = user_audio_item(item_id, audio)
         prev = self.conversation.insert(item)
         self.send({"type": "input_audio_buffer.committed", "previous_item_id": prev, "item_id": item_id})
         self._echo(prev, item)
@@ -213,6 +225,7 @@ class RealtimeSession(ItemEvents, Responding):
         return True
 
     async def clear(self, event: dict) -> None:
+        self._discard_held()
         self._clear_buffer(restart_vad=True)
         self.send({"type": "input_audio_buffer.cleared"})
 
@@ -226,11 +239,10 @@ class RealtimeSession(ItemEvents, Responding):
         if not td:
             self.vad = None
         elif self.vad is None or self.vad.cfg != VadConfig.from_config(td):
-            self.vad = ServerVad(VadConfig.from_config(td), self.pipeline.spec.input_rate)
+            self.vad = ServerVad(VadConfig.from_config(td), self.pipeline.spec.input_rate, early=True)
             self.vad.reset(int(self.clock_ms))
             if self.response is None:  # the timer runs from now: the session's start, or this update
                 self.vad.arm_idle(int(self.clock_ms))
-
 
     # -- input transcription, by the model itself, in the background -------------------------------------
     def _transcribe(self, item: Item) -> None:

@@ -125,15 +125,30 @@ class IdleTimeout:
     audio_end_ms: int
 
 
-VadEvent = SpeechStarted | SpeechStopped | IdleTimeout
+@dataclass(frozen=True)
+class EndLikely:
+    """The first sign, in a pause after speech, that the user may have finished (at most one per pause)."""
+
+    audio_end_ms: int
+
+
+@dataclass(frozen=True)
+class EndWithdrawn:
+    """Speech resumed after an EndLikely, before the turn ended."""
+
+    at_ms: int
+
+
+VadEvent = SpeechStarted | SpeechStopped | IdleTimeout | EndLikely | EndWithdrawn
+LIKELY_END_MS = 160  # server_vad: a pause this long is a likely end (the candidate pause of SGLang-Omni's presets)
 
 
 class ServerVad:
     """Per-session turn detector; `push` audio, act on the events, `reset` when the input buffer starts over."""
 
-    def __init__(self, cfg: VadConfig, rate: int) -> None:
-        """`rate`: of the audio pushed (the model's input rate)."""
-        self.cfg, self.rate = cfg, rate
+    def __init__(self, cfg: VadConfig, rate: int, early: bool = False) -> None:
+        """`rate`: of the audio pushed (the model's input rate); `early`: also yield EndLikely / EndWithdrawn."""
+        self.cfg, self.rate, self.early = cfg, rate, early
         self._silero = SileroStream()
         self._on, self._off = cfg.threshold, max(cfg.threshold - HYSTERESIS, 0.01)
         self._start_frames = math.ceil((cfg.min_speech_ms or MIN_SPEECH_MS) / FRAME_MS)
@@ -160,6 +175,7 @@ class ServerVad:
         self._speaking = False
         self._run = 0  # consecutive speech frames (before speech) or silence frames (during speech)
         self._turn_frames = 0  # frames since the turn's speech began (with its padding)
+        self._likely = False  # EndLikely was sent in this pause
         self._last_voiced_end = origin_ms
         self._idle_since: int | None = None
         self._silero.reset()
@@ -212,12 +228,23 @@ class ServerVad:
             return SpeechStarted(start)
         if prob >= self._off:
             self._run, self._last_voiced_end = 0, end
+            if self._likely:
+                self._likely = False
+                return EndWithdrawn(end)
             return None
         self._run += 1
         if not self._turn_ends():
+            if self.early and not self._likely and self._run * FRAME_MS >= self._likely_ms:
+                self._likely = True
+                return EndLikely(end)
             return None
-        self._speaking, self._run = False, 0
+        self._speaking, self._run, self._likely = False, 0, False
         return SpeechStopped(end, self._last_voiced_end)
+
+    @property
+    def _likely_ms(self) -> int:
+        """Pause after which the end is likely: Smart Turn's candidate pause, or LIKELY_END_MS."""
+        return self.eagerness.candidate_ms if self.semantic and self.eagerness else LIKELY_END_MS
 
     def _turn_ends(self) -> bool:
         """Whether the pause of `self._run` silence frames ends the turn."""

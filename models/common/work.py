@@ -15,6 +15,8 @@ NAN_MESSAGE = "the model's output is not a number"  # a row whose logits hold a 
 
 
 class Turn(Protocol):
+    held: bool
+
     def urgency(self) -> float: ...
 
     def fail(self, code: str, message: str) -> None: ...
@@ -28,6 +30,10 @@ class Work:
     def __init__(self, turn: Turn, key: str) -> None:
         self.turn = turn
         self.key = key
+
+    @property
+    def held(self) -> bool:
+        return self.turn.held
 
     def urgency(self) -> float:
         return self.turn.urgency()

@@ -105,7 +105,12 @@ class AudioEncoder(nn.Module):
         per_chunk = x.shape[1]
         valid = torch.arange(per_chunk) < downsampled(chunk_lens)[:, None]
         x = x.flatten(0, 1)[valid.flatten().nonzero()[:, 0].to(x.device)]
-        slots, key_mask = self._windows([a.shape[1] for a in audios], per_chunk, x.device)
+        return self.transform(x, [a.shape[1] for a in audios], per_chunk)
+
+    def transform(self, x: torch.Tensor, frames: list[int], chunk_tokens: int) -> torch.Tensor:
+        """The transformer and output projection over packed chunk embeddings [N, d_model] of audios of
+        `frames` mel frames each (attention windows restart at each audio's start)."""
+        slots, key_mask = self._windows(frames, chunk_tokens, x.device)
         for layer in self.layers:
             x = layer(x, slots, key_mask)
         return self.proj2(F.gelu(self.proj1(self.ln_post(x))))
@@ -126,6 +131,10 @@ class AudioEncoder(nn.Module):
         longest = max(p.shape[1] for p in pieces)
         padded = torch.stack([F.pad(p, (0, longest - p.shape[1])) for p in pieces])
         return padded.to(self.conv2d1.weight.dtype), lens
+
+    def embed_chunks(self, chunks: torch.Tensor) -> torch.Tensor:
+        """[num_chunks, mel, L] chunks (each padded to L) -> [num_chunks, tokens of L, d_model], positions added."""
+        return self._embed(chunks.to(self.conv2d1.weight.dtype))
 
     def _embed(self, chunks: torch.Tensor) -> torch.Tensor:
         outs = []

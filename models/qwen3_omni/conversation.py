@@ -17,6 +17,7 @@ import torch
 from models.common.tokenizer import StreamDecoder
 from pipelines.types import AudioChunk, Event, TextDelta, TurnDone, TurnError, Usage
 
+from .audio_stream import AudioStream
 from .spec import TurnSettings
 from .talker_prompt import TtsEmbeds
 from .tools import parse_tool_calls
@@ -58,6 +59,16 @@ class Rows:
                 self.chunks[-1] = last[: last.shape[0] - drop]
 
 
+@dataclass(frozen=True)
+class SessionMark:
+    """A session's lengths at one moment: what a discarded held turn rolls back to."""
+
+    ids: int
+    talker_rows: int
+    talker_done_upto: int
+    kv_length: int
+
+
 @dataclass
 class Session:
     id: str
@@ -92,7 +103,7 @@ class TurnState:
     on_close: Callable[[], None] = lambda: None
     prompt_ids: list[int] = field(default_factory=list)  # this turn's new thinker inputs
     cached_tokens: int = 0
-    audio_features: list[torch.Tensor] = field(default_factory=list)
+    audio_features: list[torch.Tensor | AudioStream] = field(default_factory=list)  # or encoded as it arrived
     prompt_ready: bool = False
     speaking: bool = True  # False for text-only turns and for replies that are tool calls
     tool_call_id: int = -1  # the token that opens a tool call (<tool_call>)
@@ -112,6 +123,7 @@ class TurnState:
     audio_done: bool = False
     audio_samples: int = 0
     finished: bool = False
+    held: bool = False  # started before the commit: runs behind committed work, events held back
     t_start: float = field(default_factory=time.perf_counter)
     t_first_text: float | None = None
     t_first_audio: float | None = None
@@ -123,7 +135,7 @@ class TurnState:
     def urgency(self) -> float:
         """Seconds of audio the listener still has buffered; before the first audio, minus the time the
         listener has been waiting for it."""
-        if not self.speaking or self.options.background:
+        if not self.speaking or self.options.background or self.held:
             return float("inf")
         now = time.perf_counter()
         if self.t_first_audio is None:

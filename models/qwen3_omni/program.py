@@ -24,7 +24,8 @@ from pipelines.stage import Stage
 from pipelines.types import Message, Turn
 
 from .audio_features import audio_token_count, log_mel
-from .conversation import Session, TurnState
+from .audio_stream import AudioStream
+from .conversation import Session, SessionMark, TurnState
 from .forced_call import CallWriter, forcing
 from .model import Qwen3Omni, load_model
 from .placement import PipelineConfig, kv_layouts
@@ -66,6 +67,24 @@ class Qwen3OmniProgram(StagedProgram):
     def new_session(self, session_id: str) -> Session:
         return Session(session_id)
 
+    def audio_ahead(self) -> AudioStream:
+        return AudioStream(self.model.thinker.audio_tower)
+
+    def mark(self, session: Session) -> SessionMark:
+        return SessionMark(len(session.ids), session.talker_users.n, session.talker_done_upto,
+                           self.by_name["thinker"].kv.length(session.kv_key))
+
+    def roll_back(self, session: Session, mark: SessionMark, turn_id: str) -> None:
+        session.truncate(mark.ids)
+        session.talker_users.truncate(mark.talker_rows)
+        session.talker_done_upto = mark.talker_done_upto
+        session.replies.pop(turn_id, None)
+        kv = self.by_name["thinker"].kv
+        if mark.kv_length == 0:
+            kv.release(session.kv_key)
+        else:
+            kv.truncate(session.kv_key, mark.kv_length)
+
     def extra_counters(self) -> dict:
         return {"stream_slots": {n: self.steps[n].slots_in_use for n in ("talker", "code2wav") if n in self.steps}}
 
@@ -100,7 +119,11 @@ class Qwen3OmniProgram(StagedProgram):
         features, turns = [], []
         for m in turn.messages:
             tokens = 0
-            if m.audio is not None:
+            if isinstance(m.ahead, AudioStream) and m.audio is not None and m.audio.numel() > 200 \
+                    and m.ahead.holds(m.audio):
+                features.append(m.ahead)  # encoded as it arrived: the encoder step finishes only the tail
+                tokens = int(audio_token_count(m.audio.numel() // 160, self.model.cfg.thinker.audio.n_window))
+            elif m.audio is not None:
                 feats, mask = log_mel([m.audio.float().cpu()])
                 frames = int(mask.sum())
                 features.append(feats[0, :, :frames])

@@ -15,6 +15,7 @@ import torch
 from models.common.work import Work
 from pipelines.kv_cache import BatchKV, PagedKVCache
 
+from .audio_stream import AudioStream
 from .conversation import Rows, TurnState
 from .model import Qwen3Omni
 
@@ -90,6 +91,12 @@ class EncoderStep:
         would alone (every chunk is padded to a full one either way); a turn with a shorter audio encodes
         alone, since a short chunk would be padded to the batch's longest (as the reference does)."""
         chunk = 2 * self.model.cfg.thinker.audio.n_window
+        ahead = [w for w in works if any(isinstance(f, AudioStream) for f in w.turn.audio_features)]
+        for w in ahead:  # encoded as the audio arrived: only the tail is left
+            parts = [f.finish()[1] if isinstance(f, AudioStream) else self.model.thinker.audio_tower(
+                f.to(self.device, self.dtype)) for f in w.turn.audio_features]
+            self._embed(w, torch.cat(parts))
+        works = [w for w in works if w not in ahead]
         full = [w for w in works if all(f.shape[1] >= chunk for f in w.turn.audio_features)]
         groups = [full] * bool(full) + [[w] for w in works if w not in full]
         tower = self.model.thinker.audio_tower

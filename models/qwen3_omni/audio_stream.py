@@ -1,0 +1,154 @@
+"""Encode while the user speaks: the parts of log-mel + audio encoder that later audio cannot change.
+
+What is final, and why (audio_features.log_mel, audio_encoder.AudioEncoder):
+- Log-mel frame t reads samples [160 t - 200, 160 t + 200) (reflect-padded at the start): once those
+  exist its raw log10 power is final. The one thing that is not: every feature is clamped from below at
+  (the whole audio's maximum - 8), and a louder sample later raises that floor.
+- The encoder cuts features into chunks of 2 * n_window frames; each full chunk goes through the
+  convolutions alone (padded to a full chunk either way once the audio lasts one chunk). A full chunk's
+  embedding is final if its features are, i.e. if the floor it was made with is the final one, or none
+  of its raw values is below the final floor.
+- The transformer attends within windows of n_window_infer frames: a window whose chunks are all final
+  is final. Its outputs are kept; a commit runs the rest.
+
+So `finish()` computes only the tail (the frames near the end, the chunks after the last final one, the
+windows after the last final one) and returns what `log_mel` + the encoder give on the whole buffer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .audio_encoder import AudioEncoder
+from .audio_features import HOP_LENGTH, N_FFT, _mel_and_window
+
+
+def _raw_frames(padded: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    """Raw log10 mel power [128, end - start] of frames start..end-1 of reflect-padded samples."""
+    mel, window = _mel_and_window(padded.device)
+    part = padded[start * HOP_LENGTH : (end - 1) * HOP_LENGTH + N_FFT].to(mel.dtype)
+    spec = torch.stft(part, N_FFT, HOP_LENGTH, window=window, center=False, return_complex=True)
+    return (mel @ spec.abs().square()).float().clamp(min=1e-10).log10()
+
+
+class AudioStream:
+    """One growing 16 kHz audio and its final encoder parts. `push` as audio arrives; `finish` at the commit."""
+
+    def __init__(self, tower: AudioEncoder) -> None:
+        self.tower = tower
+        self.chunk = 2 * tower.cfg.n_window
+        self.chunk_tokens = int(tower.token_count(self.chunk))
+        self.window_chunks = tower.cfg.n_window_infer // self.chunk
+        self.buffer = torch.zeros(16000)  # the samples so far are buffer[:n]; it doubles when full
+        self.n = 0
+        self.raw = torch.zeros(tower.cfg.num_mel_bins, 0)  # final raw log-mel frames
+        self.chunks: list[tuple[torch.Tensor, float]] = []  # final chunk embeddings and the floor they used
+        self.windows: list[torch.Tensor] = []  # final windows' encoder outputs
+        self._checked_floor = float("nan")  # the floor the chunks were last checked against
+
+    def push(self, audio: torch.Tensor) -> None:
+        """Append 16 kHz mono samples and encode what became final."""
+        audio = audio.float().reshape(-1).cpu()
+        if self.n + audio.numel() > self.buffer.numel():
+            grown = torch.zeros(max(2 * self.buffer.numel(), self.n + audio.numel()))
+            grown[: self.n] = self.buffer[: self.n]
+            self.buffer = grown
+        self.buffer[self.n : self.n + audio.numel()] = audio
+        self.n += audio.numel()
+        if self.n <= N_FFT // 2:
+            return
+        ready = max(0, (self.n - N_FFT // 2) // HOP_LENGTH + 1)  # frames t with 160 t + 200 <= n
+        with torch.inference_mode():
+            self._extend_raw(ready, end=False)
+            self._encode_final()
+
+    def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features [128, T] as log_mel gives for the whole audio, encoder output [N, output_dim])."""
+        if self.n <= N_FFT // 2:
+            raise ValueError(f"audio has {self.n} samples; log-mel needs more than {N_FFT // 2}")
+        with torch.inference_mode():
+            frames = self.n // HOP_LENGTH
+            self._extend_raw(frames, end=True)
+            raw = self.raw[:, :frames]
+            floor = float(raw.amax() - 8.0)
+            features = (torch.maximum(raw, raw.amax() - 8.0) + 4.0) / 4.0
+            return features, self._encode(features, raw, floor)
+
+    def holds(self, audio: torch.Tensor) -> bool:
+        return audio.numel() == self.n and torch.equal(audio.float().reshape(-1).cpu(), self.buffer[: self.n])
+
+    @property
+    def cached_chunks(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def cached_windows(self) -> int:
+        return len(self.windows)
+
+    def _extend_raw(self, frames: int, end: bool) -> None:
+        """Raw frames up to `frames`, from the samples reflect-padded by N_FFT / 2 at the start (and at
+        the end too once the audio is complete), as log_mel pads them; only the slice they read is built."""
+        have = self.raw.shape[1]
+        if frames <= have:
+            return
+        x, half = self.buffer[: self.n], N_FFT // 2
+        lo, hi = have * HOP_LENGTH, (frames - 1) * HOP_LENGTH + N_FFT  # in padded positions
+        pieces = [x[1 : half + 1].flip(0)[lo:]] if lo < half else []
+        pieces.append(x[max(lo - half, 0) : min(hi - half, self.n)])
+        if end and hi > half + self.n:
+            pieces.append(x[-half - 1 : -1].flip(0)[: hi - half - self.n])
+        self.raw = torch.cat([self.raw, _raw_frames(torch.cat(pieces), 0, frames - have)], dim=1)
+
+    def _floor(self) -> float:
+        return float(self.raw.amax() - 8.0)
+
+    def _encode_final(self) -> None:
+        """Embed the chunks whose frames are final (re-embedding any the floor has moved under), then
+        run the windows whose chunks are all final."""
+        raw, floor = self.raw, self._floor()
+        full = raw.shape[1] // self.chunk
+        if full > len(self.chunks) or floor != self._checked_floor:
+            self._refresh_chunks(raw, floor, full)
+            self._checked_floor = floor
+        while (len(self.windows) + 1) * self.window_chunks <= len(self.chunks):
+            lo = len(self.windows) * self.window_chunks
+            x = torch.cat([e for e, _ in self.chunks[lo : lo + self.window_chunks]])
+            self.windows.append(self.tower.transform(x, [self.window_chunks * self.chunk], self.chunk_tokens))
+
+    def _refresh_chunks(self, raw: torch.Tensor, floor: float, full: int) -> None:
+        stale = next((k for k, (_, f) in enumerate(self.chunks) if not self._still_valid(raw, k, f, floor)), None)
+        if stale is not None:
+            del self.chunks[stale:]
+            del self.windows[stale // self.window_chunks :]
+        if full > len(self.chunks):
+            lo = len(self.chunks)
+            feats = (torch.maximum(raw[:, lo * self.chunk : full * self.chunk], torch.tensor(floor)) + 4.0) / 4.0
+            pieces = feats.reshape(feats.shape[0], full - lo, self.chunk).permute(1, 0, 2)
+            for e in self.tower.embed_chunks(pieces.to(self._device)):
+                self.chunks.append((e, floor))
+
+    def _still_valid(self, raw: torch.Tensor, k: int, made_with: float, floor: float) -> bool:
+        return made_with == floor or float(raw[:, k * self.chunk : (k + 1) * self.chunk].amin()) >= floor
+
+    @property
+    def _device(self) -> torch.device:
+        return self.tower.conv2d1.weight.device
+
+    def _encode(self, features: torch.Tensor, raw: torch.Tensor, floor: float) -> torch.Tensor:
+        frames = features.shape[1]
+        if frames < self.chunk:  # shorter than one chunk: nothing was final, the whole call as the reference
+            return self.tower(features.to(self._device))
+        self._refresh_chunks(raw, floor, frames // self.chunk)
+        first = len(self.windows) * self.window_chunks  # first chunk the transformer still has to see
+        tail = features[:, len(self.chunks) * self.chunk :]
+        done = [e for e, _ in self.chunks[first:]]
+        if tail.shape[1]:
+            piece = F.pad(tail, (0, self.chunk - tail.shape[1]))[None]  # padded to a full chunk, as in the whole call
+            e = self.tower.embed_chunks(piece.to(self._device))[0]
+            done.append(e[: int(self.tower.token_count(tail.shape[1]))])
+        outs = list(self.windows)
+        if done:
+            rest = frames - first * self.chunk
+            outs.append(self.tower.transform(torch.cat(done), [rest], self.chunk_tokens))
+        return torch.cat(outs)

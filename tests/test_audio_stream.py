@@ -1,0 +1,113 @@
+"""Encode while speaking: pushing audio piece by piece, then finishing, equals log-mel + encoder on the
+whole buffer (to float32 rounding: a matmul of another width may round a last bit differently); and the
+commit encodes only the tail."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.qwen3_omni.audio_encoder import AudioEncoder
+from models.qwen3_omni.audio_features import log_mel
+from models.qwen3_omni.audio_stream import AudioStream
+from models.qwen3_omni.config import AudioEncoderConfig
+from models.qwen3_omni.tiny import tiny_config
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tower() -> AudioEncoder:
+    cfg = AudioEncoderConfig.from_hf(tiny_config("a")["thinker_config"]["audio_config"])
+    torch.manual_seed(0)
+    enc = AudioEncoder(cfg).eval()
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.normal_(0, 0.2)
+    return enc
+
+
+def speech(seconds: float, seed: int, louder_at: float | None = None) -> torch.Tensor:
+    """Noise bursts with silent gaps (the log-mel floor matters), optionally much louder from `louder_at`."""
+    g = torch.Generator().manual_seed(seed)
+    n = int(seconds * 16000)
+    x = torch.randn(n, generator=g) * 0.05
+    gate = (torch.arange(n) // 4000) % 3 != 2  # every third quarter second is silence
+    x = x * gate
+    if louder_at is not None:
+        x[int(louder_at * 16000):] *= 40.0
+    return x
+
+
+def whole(tower: AudioEncoder, audio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    feats, mask = log_mel([audio])
+    feats = feats[0, :, : int(mask.sum())]
+    with torch.inference_mode():
+        return feats, tower(feats)
+
+
+def streamed(tower: AudioEncoder, audio: torch.Tensor, piece: int) -> tuple[AudioStream, torch.Tensor, torch.Tensor]:
+    stream = AudioStream(tower)
+    for start in range(0, audio.numel(), piece):
+        stream.push(audio[start : start + piece])
+    return stream, *stream.finish()
+
+
+@pytest.mark.parametrize(("seconds", "piece", "louder_at"), [
+    (0.7, 480, None),  # shorter than a chunk: nothing final, the whole call
+    (3.0, 480, None),  # 20 ms pieces (a 24 kHz client's 30 ms after resampling is 480 samples)
+    (3.05, 1600, None),
+    (20.0, 3200, None),  # two full attention windows final before the commit
+    (20.0, 2400, 12.5),  # the floor rises late: stale chunks and windows are re-encoded
+    (17.0, 16000 * 17, None),  # all at once: nothing before the commit
+])
+def test_streamed_equals_whole_buffer(tower, seconds, piece, louder_at):
+    audio = speech(seconds, int(seconds * 10), louder_at)
+    feats, out = whole(tower, audio)
+    stream, s_feats, s_out = streamed(tower, audio, piece)
+    # float32 matmuls of different widths may round the last bit differently (mel projection, encoder)
+    torch.testing.assert_close(s_feats, feats, rtol=0, atol=1e-6)
+    assert s_out.shape == out.shape
+    torch.testing.assert_close(s_out, out, rtol=1e-5, atol=1e-5)
+
+
+def test_final_parts_are_encoded_before_the_commit(tower):
+    audio = speech(20.0, 3)
+    stream = AudioStream(tower)
+    for start in range(0, audio.numel(), 3200):
+        stream.push(audio[start : start + 3200])
+    assert stream.cached_windows == 2 and stream.cached_chunks >= 19  # 16 s of windows, 19 s of chunks
+    late = speech(10.0, 4, louder_at=9.0)
+    stream = AudioStream(tower)
+    for start in range(0, late.numel(), 3200):
+        stream.push(late[start : start + 3200])
+    assert stream.cached_windows == 1 and stream.cached_chunks >= 9
+    assert {f for _, f in stream.chunks} == {stream._floor()}  # every chunk re-encoded with the new floor
+
+
+def test_a_turn_encoded_ahead_answers_as_one_encoded_at_its_start():
+    """Through the pipeline: the message carries its AudioStream (Pipeline.audio_ahead) and gets the same
+    reply as the same audio without; an AudioStream that does not hold the message's audio is not used."""
+    import asyncio
+
+    from models.qwen3_omni.placement import PipelineConfig
+    from models.qwen3_omni.program import build_pipeline
+    from pipelines.types import GenerationOptions, Message, Turn
+
+    opts = GenerationOptions(greedy=True, max_text_tokens=6, max_frames=4)
+    audio = speech(2.6, 5)
+
+    async def reply(p, session: str, ahead) -> tuple:
+        events = [e async for e in p.submit(Turn(session, [Message("user", "", audio, ahead=ahead)], opts))]
+        return events[-1].text_ids, events[-1].codes, events[-1].usage
+
+    with build_pipeline(PipelineConfig()) as p:
+        ahead = p.audio_ahead()
+        for start in range(0, audio.numel(), 480):
+            ahead.push(audio[start : start + 480])
+        assert ahead.cached_chunks == 2
+        other = p.audio_ahead()
+        other.push(audio[:16000])  # not this message's audio
+        plain = asyncio.run(reply(p, "plain", None))
+        assert asyncio.run(reply(p, "ahead", ahead)) == plain
+        assert asyncio.run(reply(p, "other", other)) == plain
