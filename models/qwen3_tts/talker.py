@@ -15,7 +15,7 @@ from torch import nn
 
 from models.common.code_predictor import CodePredictor
 from models.common.config import CodePredictorConfig
-from models.common.layers import DecoderLayer, KVCache, RMSNorm, Rope, SwiGLU, run_layers
+from models.common.layers import DecoderLayer, KVCache, LayerStack, RMSNorm, Rope, SwiGLU
 
 from .config import TalkerConfig
 
@@ -44,7 +44,7 @@ class TtsCodePredictor(CodePredictor):
         return self.model(self.small_to_mtp_projection(embeds), positions, cache)
 
 
-class TalkerModel(nn.Module):
+class TalkerModel(LayerStack):
     def __init__(self, cfg: TalkerConfig) -> None:
         super().__init__()
         t = cfg.text
@@ -57,9 +57,6 @@ class TalkerModel(nn.Module):
         )
         self.norm = RMSNorm(t.hidden_size, t.rms_norm_eps)
         self.rope = Rope(t.head_dim, t.rope_theta)
-
-    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        return run_layers(self.layers, self.rope, self.norm, embeds, positions, cache)
 
 
 class Talker(nn.Module):
