@@ -28,6 +28,9 @@ from .protocol import MAX_EVENT_CHARS
 from .readiness import Readiness
 from .security import KEY_PROTOCOL, Gate, is_loopback, key_matches, redact_logs
 from .session import Limits, RealtimeSession
+from .speech import speak
+from .voice_store import VoiceStore, default_data_dir
+from .voices import CustomVoices, VoiceApi
 
 log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).resolve().parents[1] / "web"
@@ -50,6 +53,7 @@ class ServerConfig:
     audio_workers: int = 2  # threads for the sessions' audio work
     limits: Limits = Limits()
     drain: DrainConfig = DrainConfig()
+    data_dir: Path | None = None  # custom voices (None: voice_store.default_data_dir())
 
 
 class Outbox:
@@ -93,6 +97,8 @@ class Server:
         self.audio = ThreadPoolExecutor(cfg.audio_workers, thread_name_prefix="audio")
         self.drain = Drain(cfg.drain, lambda: self.metrics.sessions)
         self.readiness = Readiness(pipeline, self.metrics, cfg.max_sessions, lambda: self.drain.draining)
+        self.voice_store = VoiceStore(cfg.data_dir or default_data_dir())
+        self.voices = CustomVoices(pipeline.spec, self.voice_store)
         redact_logs(cfg.api_key)
         _return_large_frees()
 
@@ -104,6 +110,8 @@ class Server:
         app.on_startup.append(self.readiness.on_startup)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics_text)
+        app.router.add_post("/v1/audio/speech", self.speech)
+        VoiceApi(self.voice_store, lambda request: self._authorized(request, None), self.audio).add_routes(app)
         app.on_shutdown.append(self._close_sockets)
         app.on_cleanup.append(self._stop_workers)
         if WEB_DIR.is_dir():
@@ -128,6 +136,7 @@ class Server:
 
     async def _stop_workers(self, app: web.Application) -> None:
         self.audio.shutdown(wait=False, cancel_futures=True)
+        self.voice_store.close()
 
     async def _close(self, ws: web.WebSocketResponse, request: web.Request, code: int, message: bytes) -> None:
         """The close handshake, bounded in time; a client that does not take the close frame is cut off."""
@@ -163,6 +172,11 @@ class Server:
         model = {"id": self.cfg.model_name, "object": "model", "created": int(self.started),
                  "owned_by": "omni-realtime", "capabilities": self.pipeline.spec.capabilities()}
         return web.json_response({"object": "list", "data": [model]})
+
+    async def speech(self, request: web.Request) -> web.StreamResponse:
+        if not self._authorized(request, None):
+            return web.json_response(INVALID_KEY, status=401)
+        return await speak(request, self.pipeline, self.voices, self.cfg.limits.max_frames)
 
     async def metrics_text(self, request: web.Request) -> web.Response:
         if not self._authorized(request, None):
