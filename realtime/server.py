@@ -176,7 +176,7 @@ class Server:
     async def speech(self, request: web.Request) -> web.StreamResponse:
         if not self._authorized(request, None):
             return web.json_response(INVALID_KEY, status=401)
-        return await speak(request, self.pipeline, self.voices, self.cfg.limits.max_frames)
+        return await speak(request, self.pipeline, self.voices, self.cfg.limits)
 
     async def metrics_text(self, request: web.Request) -> web.Response:
         if not self._authorized(request, None):

@@ -19,6 +19,7 @@ from pipelines.types import AudioChunk, GenerationOptions, Message, Turn, TurnDo
 from .api_errors import ApiError, invalid
 from .audio import TimeStretch
 from .encode import FORMATS, Encoder
+from .session import Limits
 from .voices import CustomVoices
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class SpeechRequest:
     stream_format: str = "audio"
 
 
-def parse_request(body: Any, pipeline: Pipeline, voices: CustomVoices, max_frames: int = 1500) -> SpeechRequest:
+def parse_request(body: Any, pipeline: Pipeline, voices: CustomVoices, limits: Limits) -> SpeechRequest:
     """The request if the served model can read it aloud as asked; ApiError in OpenAI's shape otherwise."""
     spec = pipeline.spec
     if not isinstance(body, dict):
@@ -81,7 +82,8 @@ def parse_request(body: Any, pipeline: Pipeline, voices: CustomVoices, max_frame
         raise invalid("voice", str(e)) from None
     except LookupError as e:
         raise ApiError(404, str(e), "voice", "voice_not_found") from None
-    options = GenerationOptions(instructions=instructions, max_frames=max_frames, **voice)
+    options = GenerationOptions(instructions=instructions, max_text_tokens=limits.max_text_tokens,
+                                max_frames=limits.max_frames, **voice)
     return SpeechRequest(text, options, fmt, float(speed), stream)
 
 
@@ -128,13 +130,13 @@ def _sse(event: dict) -> bytes:
     return f"data: {json.dumps(event)}\n\n".encode()
 
 
-async def speak(request: web.Request, pipeline: Pipeline, voices: CustomVoices, max_frames: int) -> web.StreamResponse:
+async def speak(request: web.Request, pipeline: Pipeline, voices: CustomVoices, limits: Limits) -> web.StreamResponse:
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
         return invalid("", "The request body is not valid JSON.", "invalid_json").response()
     try:
-        req = parse_request(body, pipeline, voices, max_frames)
+        req = parse_request(body, pipeline, voices, limits)
     except ApiError as e:
         return e.response()
     turn = Turn(new_id("speech"), [Message("user", req.input)], req.options)
