@@ -56,10 +56,6 @@ class GraphRunner:
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensors]] = {}
         self.capture_s = 0.0
 
-    @property
-    def max_batch(self) -> int:
-        return self.buckets[-1]
-
     def views(self, b: int) -> Tensors:
         return {k: v[:b] for k, v in self.buffers.items()}
 

@@ -1,7 +1,7 @@
 """Paged KV cache: fixed-size blocks in one preallocated pool per layer, a block table per sequence.
 
-`KVCache` is what an attention layer of any model needs from a cache; the paged cache's batch views
-(`BatchKV` here, and pipelines/kv_views.py's fixed-shape ones) implement it.
+The paged cache's batch views (`BatchKV` here, and pipelines/kv_views.py's fixed-shape ones) implement
+models.common.layers.KVCache, what an attention layer of any model needs from a cache.
 
 A sequence (one session's conversation, or one stream of a later stage) owns a list of blocks; its token i
 lives in slot `blocks[i // block_size] * block_size + i % block_size`. Blocks come back on release,
@@ -12,17 +12,17 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
 
-class KVCache(Protocol):
-    """What an attention layer needs from a cache."""
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        """Store k, v [B, T, Hkv, D] for `layer` after what is cached, attend q over all of it causally."""
-        ...
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Attention in the [B, T, H, D] layout: q [B, T, Hq, D] over k, v [B, L, Hkv, D] (grouped heads)."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale,
+        enable_gqa=q.shape[2] != k.shape[2],
+    )
+    return out.transpose(1, 2)
 
 
 class OutOfBlocks(RuntimeError):
@@ -45,11 +45,6 @@ class KVLayout:
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
-
-    @property
-    def bytes_per_block(self) -> int:
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.kv_heads * self.head_dim * itemsize
 
 
 @dataclass
@@ -167,9 +162,4 @@ class BatchKV:
         b, t = q.shape[:2]
         kc[self.write_slots] = k.reshape(b * t, *k.shape[2:])[self.new_rows].to(kc.dtype)
         vc[self.write_slots] = v.reshape(b * t, *v.shape[2:])[self.new_rows].to(vc.dtype)
-        keys, values = kc[self.read_slots].to(q.dtype), vc[self.read_slots].to(q.dtype)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=self.mask, scale=scale,
-            enable_gqa=q.shape[2] != keys.shape[2],
-        )
-        return out.transpose(1, 2)
+        return sdpa(q, kc[self.read_slots].to(q.dtype), vc[self.read_slots].to(q.dtype), self.mask, scale)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .graphs import Input, Tensors
-from .kv_cache import PagedKVCache
+from .kv_cache import PagedKVCache, sdpa
 from .paged_attention import paged_decode_attention
 
 
@@ -50,12 +50,7 @@ class PrefillKV:
         kc, vc = self.k[layer], self.v[layer]
         kc[self.write_slots] = k.flatten(0, 1).to(kc.dtype)
         vc[self.write_slots] = v.flatten(0, 1).to(vc.dtype)
-        keys, values = kc[self.read].to(q.dtype), vc[self.read].to(q.dtype)  # [S, W, Hkv, D]
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=self.mask, scale=scale,
-            enable_gqa=q.shape[2] != keys.shape[2],
-        )
-        return out.transpose(1, 2)
+        return sdpa(q, kc[self.read].to(q.dtype), vc[self.read].to(q.dtype), self.mask, scale)  # keys [S, W, Hkv, D]
 
 
 def prefill_rows(cache: PagedKVCache, rows: list[tuple[str, int]], tokens: int, max_blocks: int) -> dict:

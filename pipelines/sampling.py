@@ -31,7 +31,22 @@ class SamplingParams:
             raise ValueError("top_k must be >= 0 and repetition_penalty > 0")
 
 
+# Sampler's per-row fields: dtype, and the value a padding row gets.
+FIELDS = {
+    "greedy": (torch.bool, True), "temperature": (torch.float32, 1.0), "top_k": (torch.long, 0),
+    "top_p": (torch.float32, 1.0), "penalty": (torch.float32, 1.0), "seed": (torch.long, 0),
+}
 _MASK32 = 0xFFFFFFFF
+
+
+def row_values(params: list[SamplingParams]) -> dict[str, list]:
+    """Each of FIELDS per row (a greedy row's temperature is 1: it is never divided by)."""
+    return {
+        "greedy": [p.greedy for p in params],
+        "temperature": [1.0 if p.greedy else p.temperature for p in params],
+        "top_k": [p.top_k for p in params], "top_p": [p.top_p for p in params],
+        "penalty": [p.repetition_penalty for p in params], "seed": [p.seed for p in params],
+    }
 
 
 def uniform(seed: torch.Tensor, step: torch.Tensor, n: int) -> torch.Tensor:
@@ -88,14 +103,9 @@ class Sampler:
     @classmethod
     def of(cls, params: list[SamplingParams], device: torch.device | str) -> Sampler:
         """Packed once per batch composition from the rows' parameters."""
-        f = lambda xs, dt: torch.tensor(xs, dtype=dt, device=device)  # noqa: E731
-        return cls(
-            f([p.greedy for p in params], torch.bool),
-            f([p.temperature if not p.greedy else 1.0 for p in params], torch.float32),
-            f([p.top_k for p in params], torch.long), f([p.top_p for p in params], torch.float32),
-            f([p.repetition_penalty for p in params], torch.float32), f([p.seed for p in params], torch.long),
-            any(p.repetition_penalty != 1.0 for p in params), all(p.greedy for p in params),
-        )
+        values = row_values(params)
+        tensors = (torch.tensor(values[k], dtype=dt, device=device) for k, (dt, _) in FIELDS.items())
+        return cls(*tensors, any(p.repetition_penalty != 1.0 for p in params), all(p.greedy for p in params))
 
     def __call__(
         self,

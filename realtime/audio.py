@@ -61,9 +61,6 @@ class AudioFormat:
     def bytes_per_sample(self) -> int:
         return 2 if self.type == "audio/pcm" else 1
 
-    def duration_ms(self, n_bytes: int) -> float:
-        return n_bytes / self.bytes_per_sample * 1000.0 / self.rate
-
 
 def _tensor(x: np.ndarray | torch.Tensor) -> torch.Tensor:
     if isinstance(x, torch.Tensor):

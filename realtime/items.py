@@ -74,17 +74,14 @@ def item_from_client(raw: dict, input_format: AudioFormat, rate: int) -> Item:
     if not isinstance(item_id, str) or len(item_id) > 64:
         raise ProtocolError("invalid_value", "item.id must be a string of at most 64 characters", "item.id")
     data = {"id": item_id, "object": "realtime.item", "type": kind, "status": "completed"}
+    required = {"function_call_output": ("call_id", "output"), "function_call": ("name", "arguments")}
+    for key in required.get(kind, ()) if isinstance(kind, str) else ():
+        if not isinstance(raw.get(key), str):
+            raise ProtocolError("missing_required_parameter", f"Missing required parameter: 'item.{key}'.",
+                                f"item.{key}")
     if kind == "function_call_output":
-        for key in ("call_id", "output"):
-            if not isinstance(raw.get(key), str):
-                raise ProtocolError("missing_required_parameter", f"Missing required parameter: 'item.{key}'.",
-                                    f"item.{key}")
         return Item({**data, "call_id": raw["call_id"], "output": raw["output"]})
     if kind == "function_call":
-        for key in ("name", "arguments"):
-            if not isinstance(raw.get(key), str):
-                raise ProtocolError("missing_required_parameter", f"Missing required parameter: 'item.{key}'.",
-                                    f"item.{key}")
         if not isinstance(raw.get("call_id") or "", str):
             raise ProtocolError("invalid_type", "item.call_id must be a string", "item.call_id")
         return Item({**data, "name": raw["name"], "arguments": raw["arguments"],

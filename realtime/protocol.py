@@ -41,6 +41,9 @@ class ProtocolError(Exception):
         return {"type": "error", "error": error}
 
 
+SERVER_ERROR = ProtocolError("server_error", "The server had an error while processing your request.",
+                             type="server_error")
+
 MAX_EVENT_CHARS = 24 * 1024 * 1024  # a 15 MiB append in base64, plus room
 MAX_DEPTH = 32  # JSON nesting; the deepest real event (a tool schema) needs far less
 MAX_ECHO = 128  # characters of a client string (event_id, type, id) echoed back in errors
@@ -354,10 +357,7 @@ def merge_update(current: dict, update: Any, schema: dict = SCHEMA, path: str = 
 
 
 def check_metadata(value: Any, where: str) -> None:
-    try:
-        _string_map(value)
-    except ValueError as e:
-        raise ProtocolError("invalid_value", f"Invalid value for '{where}': {e}.", where) from None
+    _leaf(_string_map, value, where)
 
 
 def require(event: dict, key: str, kind: type | tuple[type, ...] = str) -> Any:

@@ -115,17 +115,13 @@ class Response:
                     if self.on_audio_start:
                         self.on_audio_start(self.first_audio_s)
                 self.audio_samples += len(pcm)
-                message.audio_ms = self.audio_ms
-                self.send({"type": "response.output_audio.delta", **self._where(message),
-                           "delta": base64.b64encode(data).decode()})
+                self._audio_delta(message, data)
             elif isinstance(event, TurnDone):
                 rest = stretch.flush() if stretch else np.zeros(0, np.float32)
                 self.audio_samples += len(rest) if message is not None else 0
                 tail = encoder.push(rest) + encoder.flush() if encoder else b""
                 if tail and message is not None:
-                    message.audio_ms = self.audio_ms
-                    self.send({"type": "response.output_audio.delta", **self._where(message),
-                               "delta": base64.b64encode(tail).decode()})
+                    self._audio_delta(message, tail)
                 if event.tool_calls or event.invalid_tool_calls:
                     self._tool_calls(event)
                 elif message is None:
@@ -137,6 +133,11 @@ class Response:
                     self._close_message(message, "incomplete")
                 self.fail(event.message, event.code)
                 return
+
+    def _audio_delta(self, message: Item, data: bytes) -> None:
+        message.audio_ms = self.audio_ms
+        self.send({"type": "response.output_audio.delta", **self._where(message),
+                   "delta": base64.b64encode(data).decode()})
 
     def _left(self) -> int:
         limit = self.max_output_tokens
@@ -165,14 +166,12 @@ class Response:
         self._done(None)
 
     def _open_message(self) -> Item:
-        part_type = "output_audio" if self.modality == "audio" else "output_text"
         item = Item({"id": new_id("item"), "object": "realtime.item", "type": "message", "role": "assistant",
                      "status": "in_progress", "content": []}, turn_id=self.turn_id, speed=self.speed)
         self._add_item(item)
         part = {"type": "audio", "transcript": ""} if self.modality == "audio" else {"type": "text", "text": ""}
         self.send({"type": "response.content_part.added", **self._where(item), "part": part})
-        item.data["content"] = [{"type": part_type, "transcript": ""} if self.modality == "audio"
-                                else {"type": part_type, "text": ""}]
+        item.data["content"] = [{**part, "type": f"output_{part['type']}"}]
         return item
 
     def _add_item(self, item: Item) -> None:
@@ -194,11 +193,10 @@ class Response:
             self.send({"type": "response.output_audio.done", **where})
             self.send({"type": "response.output_audio_transcript.done", **where, "transcript": self.transcript})
             part = {"type": "audio", "transcript": self.transcript}
-            item.data["content"] = [{"type": "output_audio", "transcript": self.transcript}]
         else:
             self.send({"type": "response.output_text.done", **where, "text": self.transcript})
             part = {"type": "text", "text": self.transcript}
-            item.data["content"] = [{"type": "output_text", "text": self.transcript}]
+        item.data["content"] = [{**part, "type": f"output_{part['type']}"}]
         self.send({"type": "response.content_part.done", **where, "part": part})
         self._close_item(item, status)
 

@@ -115,7 +115,7 @@ def redact_logs(api_key: str | None) -> None:
     if api_key:
         REDACT.keys.add(api_key)
     for name in ("aiohttp.access", "aiohttp.server", "aiohttp.web", "aiohttp.websocket", "aiohttp.internal",
-                 "realtime.server", "realtime.session", "realtime.response"):
+                 "realtime.server", "realtime.session", "realtime.responding", "realtime.response"):
         logger = logging.getLogger(name)
         if REDACT not in logger.filters:
             logger.addFilter(REDACT)

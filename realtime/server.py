@@ -24,7 +24,7 @@ from pipelines.pipeline import Pipeline
 from .drain import Drain, DrainConfig
 from .logs import SessionTrail
 from .metrics import Metrics
-from .protocol import MAX_EVENT_CHARS
+from .protocol import MAX_EVENT_CHARS, ProtocolError
 from .readiness import Readiness
 from .security import KEY_PROTOCOL, Gate, is_loopback, key_matches, redact_logs
 from .session import Limits, RealtimeSession
@@ -35,7 +35,6 @@ from .voices import CustomVoices, VoiceApi
 log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).resolve().parents[1] / "web"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # Prometheus text exposition
-INVALID_KEY = {"error": {"message": "Invalid API key", "type": "invalid_request_error", "code": "invalid_api_key"}}
 
 
 @dataclass(frozen=True)
@@ -168,7 +167,7 @@ class Server:
 
     async def models(self, request: web.Request) -> web.Response:
         if not self._authorized(request, None):
-            return web.json_response(INVALID_KEY, status=401)
+            return _refuse(401, "invalid_api_key", "Invalid API key")
         model = {"id": self.cfg.model_name, "object": "model", "created": int(self.started),
                  "owned_by": "omni-realtime", "capabilities": self.pipeline.spec.capabilities()}
         return web.json_response({"object": "list", "data": [model]})
@@ -180,7 +179,7 @@ class Server:
 
     async def metrics_text(self, request: web.Request) -> web.Response:
         if not self._authorized(request, None):
-            return web.json_response(INVALID_KEY, status=401)
+            return _refuse(401, "invalid_api_key", "Invalid API key")
         return web.Response(body=await self.metrics.scrape(self.pipeline), headers={"Content-Type": CONTENT_TYPE})
 
     async def index(self, request: web.Request) -> web.FileResponse:
@@ -197,7 +196,7 @@ class Server:
         offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
         key_protocol = next((p for p in offered if p.startswith(KEY_PROTOCOL)), None)
         if not self._authorized(request, key_protocol):
-            return web.json_response(INVALID_KEY, status=401)
+            return _refuse(401, "invalid_api_key", "Invalid API key")
         if request.query.get("intent") == "transcription" and not self.pipeline.spec.transcribes:
             return _refuse(400, "invalid_value", f"This model ({self.cfg.model_name}) cannot transcribe audio.")
         ws = web.WebSocketResponse(protocols=["realtime"] if "realtime" in offered else (), heartbeat=30,
@@ -286,9 +285,7 @@ class Server:
         try:
             await asyncio.wait_for(outbox.overflow.wait(), timeout=self.cfg.max_session_s)
         except TimeoutError:
-            session.send({"type": "error", "error": {"type": "invalid_request_error", "code": "session_expired",
-                                                     "message": "Your session hit the maximum duration.",
-                                                     "param": None, "event_id": None}})
+            session.send(ProtocolError("session_expired", "Your session hit the maximum duration.").event(None))
             await asyncio.sleep(0.2)
             outbox.closing = True
             await self._close(ws, request, WSCloseCode.OK, b"session expired")

@@ -1,13 +1,13 @@
 """One Realtime session per WebSocket: its config, conversation, input audio buffer, turn detection and
-active response, driven by client events and by the pipeline."""
+active response, driven by client events and by the pipeline. Item events are in item_events.py, responses in
+responding.py."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -15,37 +15,33 @@ from typing import Any
 import torch
 
 from pipelines.pipeline import Pipeline
-from pipelines.types import Event, GenerationOptions, Message, Turn, TurnError
 
-from . import logs
 from .audio import AudioFormat, to_model_rate
-from .capabilities import check_config, model_voice
-from .input_audio import AppendRate, decode_append, encoded
-from .items import Conversation, Item, item_from_client, to_messages, user_audio_item
+from .capabilities import check_config
+from .input_audio import AppendRate, decode_append
+from .item_events import ItemEvents
+from .items import Conversation, Item, user_audio_item
 from .metrics import Metrics
 from .protocol import (
+    SERVER_ERROR,
     ProtocolError,
-    check_metadata,
     client_event_id,
     clip,
     default_session,
-    merge_update,
     new_id,
     parse_event,
     require,
     update_session,
 )
+from .responding import Responding
 from .response import Response
 from .transcription import transcribe
 from .vad import IdleTimeout, ServerVad, SpeechStarted, SpeechStopped, VadConfig
 
 log = logging.getLogger(__name__)
 MAX_APPEND_BYTES = 15 * 1024 * 1024
-MAX_ITEM_CHARS = 4 * 1024 * 1024  # an item as the server echoes it (JSON, non-ASCII escaped): twice in the outbox
 MIN_COMMIT_MS = 100
 PARSE_OFF_LOOP_CHARS = 1 << 20  # larger frames are parsed on the audio worker
-SERVER_ERROR = ProtocolError("server_error", "The server had an error while processing your request.",
-                             type="server_error")
 
 
 @dataclass(frozen=True)
@@ -60,20 +56,7 @@ class Limits:
     max_items: int = 4096  # conversation items kept per session
 
 
-def _items_from_client(raws: list, fmt: AudioFormat, rate: int) -> list[Item]:
-    return [item_from_client(raw, fmt, rate) for raw in raws]
-
-
-def _item_to_add(raw: dict, fmt: AudioFormat, rate: int) -> Item:
-    """A conversation.item.create's item, refused when its echoes (item.added and item.done) would be huge."""
-    item = item_from_client(raw, fmt, rate)
-    if len(json.dumps(item.data)) > MAX_ITEM_CHARS:
-        raise ProtocolError("item_too_large", f"Item is larger than {MAX_ITEM_CHARS >> 20} MiB as JSON: send its "
-                            "text in smaller items (the model's context holds far less anyway).", "item")
-    return item
-
-
-class RealtimeSession:
+class RealtimeSession(ItemEvents, Responding):
     def __init__(self, send: Callable[[dict], None], pipeline: Pipeline, model: str, metrics: Metrics,
                  limits: Limits = Limits(), executor: Executor | None = None, intent: str | None = None) -> None:
         """`executor` runs the audio work (decoding, resampling, turn detection) off the event loop; a
@@ -148,6 +131,7 @@ class RealtimeSession:
         self._reset_vad()
         self.send({"type": "session.updated", "session": self.config})
 
+    # -- input audio buffer and turn detection (VAD events, commits) -----------------------------
     async def append(self, event: dict) -> None:
         data = require(event, "audio")
         if len(data) > MAX_APPEND_BYTES * 4 // 3 + 4:
@@ -176,15 +160,6 @@ class RealtimeSession:
 
     async def _vad_event(self, ev: SpeechStarted | SpeechStopped | IdleTimeout) -> None:
         td = self.config["audio"]["input"]["turn_detection"]
-        if isinstance(ev, IdleTimeout):
-            if self.response is not None:  # the timer starts again when this response has played
-                return
-            item_id = new_id("item")
-            self.send({"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": ev.audio_start_ms,
-                       "audio_end_ms": ev.audio_end_ms, "item_id": item_id})
-            if await self._commit(item_id) and td.get("create_response", True):
-                self._respond_when_idle()
-            return
         if isinstance(ev, SpeechStarted):
             self.speech_item = new_id("item")
             self.send({"type": "input_audio_buffer.speech_started", "audio_start_ms": int(ev.audio_start_ms),
@@ -192,10 +167,16 @@ class RealtimeSession:
             if self.response is not None and td.get("interrupt_response", True):
                 self._cancel("turn_detected")
             return
-        item_id = self.speech_item or new_id("item")
-        self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": int(ev.audio_end_ms),
-                   "item_id": item_id})
-        self.speech_item = None
+        if isinstance(ev, IdleTimeout):
+            if self.response is not None:  # the timer starts again when this response has played
+                return
+            item_id = new_id("item")
+            self.send({"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": ev.audio_start_ms,
+                       "audio_end_ms": ev.audio_end_ms, "item_id": item_id})
+        else:
+            item_id, self.speech_item = self.speech_item or new_id("item"), None
+            self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": int(ev.audio_end_ms),
+                       "item_id": item_id})
         if await self._commit(item_id) and td.get("create_response", True):
             self._respond_when_idle()
 
@@ -226,8 +207,7 @@ class RealtimeSession:
         item = user_audio_item(item_id, audio)
         prev = self.conversation.insert(item)
         self.send({"type": "input_audio_buffer.committed", "previous_item_id": prev, "item_id": item_id})
-        self.send({"type": "conversation.item.added", "previous_item_id": prev, "item": item.data})
-        self.send({"type": "conversation.item.done", "previous_item_id": prev, "item": item.data})
+        self._echo(prev, item)
         if self.transcribing or self.config["audio"]["input"].get("transcription"):
             self._transcribe(item)
         return True
@@ -241,222 +221,16 @@ class RealtimeSession:
         if restart_vad and self.vad is not None:
             self.vad.reset(int(self.clock_ms))
 
-    async def item_create(self, event: dict) -> None:
-        raw = require(event, "item", dict)
-        if len(self.conversation.items) >= self.limits.max_items:
-            raise ProtocolError("conversation_full", f"The conversation holds {self.limits.max_items} items; "
-                                "delete some first.")
-        item = await self._off(_item_to_add, raw, self.input_format, self.pipeline.spec.input_rate)
-        if any(i.id == item.id for i in self.conversation.items):
-            raise ProtocolError("invalid_value", f"Item {clip(item.id)} already exists.", "item.id")
-        prev = self.conversation.insert(item, event.get("previous_item_id"))
-        self.send({"type": "conversation.item.added", "previous_item_id": prev, "item": item.data})
-        self.send({"type": "conversation.item.done", "previous_item_id": prev, "item": item.data})
+    def _reset_vad(self) -> None:
+        td = self.config["audio"]["input"]["turn_detection"]
+        if not td:
+            self.vad = None
+        elif self.vad is None or self.vad.cfg != VadConfig.from_config(td):
+            self.vad = ServerVad(VadConfig.from_config(td), self.pipeline.spec.input_rate)
+            self.vad.reset(int(self.clock_ms))
+            if self.response is None:  # the timer runs from now: the session's start, or this update
+                self.vad.arm_idle(int(self.clock_ms))
 
-    async def item_retrieve(self, event: dict) -> None:
-        item = self.conversation.get(require(event, "item_id"))
-        data = item.data
-        if item.audio is not None and data.get("role") == "user":  # the user's audio, in the session's format
-            audio = await self._off(encoded, item.audio, self.input_format, self.pipeline.spec.input_rate)
-            data = {**data, "content": [{**p, "audio": audio} if p["type"] == "input_audio" else p
-                                        for p in data["content"]]}
-        self.send({"type": "conversation.item.retrieved", "item": data})
-
-    async def item_delete(self, event: dict) -> None:
-        item_id = require(event, "item_id")
-        self.conversation.delete(item_id)
-        self.send({"type": "conversation.item.deleted", "item_id": item_id})
-
-    async def item_truncate(self, event: dict) -> None:
-        item = self.conversation.get(require(event, "item_id"))
-        index = require(event, "content_index", int)
-        end_ms = require(event, "audio_end_ms", int)
-        if item.data.get("role") != "assistant" or not item.data["content"] or \
-                item.data["content"][0].get("type") != "output_audio":
-            raise ProtocolError("invalid_value", "Only assistant messages with audio can be truncated.", "item_id")
-        if index != 0:
-            raise ProtocolError("invalid_value", f"Invalid content_index: {index}.", "content_index")
-        if end_ms < 0 or end_ms > item.audio_ms:
-            raise ProtocolError("invalid_value", f"audio_end_ms ({end_ms}) is past the end of the item's audio "
-                                f"({item.audio_ms} ms).", "audio_end_ms")
-        if self.response is not None and any(i is item for i in self.response.items):
-            self._cancel("client_cancelled")
-            await asyncio.shield(self.task)
-        rolled_back = False
-        if item.turn_id is not None:
-            try:
-                heard_ms = int(end_ms * item.speed)  # of the model's audio, before the time-scaling
-                text, rolled_back = await asyncio.wrap_future(
-                    self.pipeline.truncate_reply(self.pipe_session, item.turn_id, heard_ms))
-                item.data["content"][0]["transcript"] = text
-            except KeyError:
-                pass
-        if not rolled_back:  # the pipeline's cache still holds the whole reply: re-read at the next response
-            self.sent_context = None
-        item.audio_ms = end_ms
-        self.send({"type": "conversation.item.truncated", "item_id": item.id, "content_index": 0,
-                   "audio_end_ms": end_ms})
-
-    async def response_create(self, event: dict) -> None:
-        if self.transcribing:
-            raise ProtocolError("invalid_value", "A transcription session does not create responses.", "session.type")
-        if self.response is not None:
-            raise ProtocolError("conversation_already_has_active_response",
-                                f"Conversation already has an active response in progress: {self.response.id}. "
-                                "Wait until the response is finished before creating a new one.")
-        spec = {} if event.get("response") is None else event["response"]
-        if not isinstance(spec, dict):
-            raise ProtocolError("invalid_type", "'response' must be an object", "response")
-        self._response_config(spec)  # every check before any work
-        inputs = spec.get("input")
-        if inputs is not None:
-            if not isinstance(inputs, list) or len(inputs) > self.limits.max_items:
-                raise ProtocolError("invalid_type", "'response.input' must be a list of items", "response.input")
-            inputs = await self._off(_items_from_client, inputs, self.input_format, self.pipeline.spec.input_rate)
-            if self.response is not None:  # a turn-detected response started meanwhile
-                raise ProtocolError("conversation_already_has_active_response",
-                                    f"Conversation already has an active response in progress: {self.response.id}.")
-        self._start_response(spec, inputs)
-
-    async def response_cancel(self, event: dict) -> None:
-        wanted = event.get("response_id")
-        if wanted is not None and not isinstance(wanted, str):
-            raise ProtocolError("invalid_type", "'response_id' must be a string", "response_id")
-        if self.response is None or wanted not in (None, self.response.id):
-            raise ProtocolError("response_cancel_not_active", "Cancellation failed: no active response found"
-                                + (f" with id {clip(wanted)}." if wanted else "."), "response_id" if wanted else None)
-        self._cancel("client_cancelled")
-
-    # -- responses ---------------------------------------------------------------------------------
-    def _response_config(self, spec: dict) -> dict:
-        """The session config with a response.create's overrides, every field checked."""
-        allowed = {"conversation", "metadata", "input", "instructions", "output_modalities", "tools",
-                   "tool_choice", "max_output_tokens", "audio", "prompt", "tracing", "reasoning", "parallel_tool_calls"}
-        unknown = sorted(clip(k) for k in set(spec) - allowed)
-        if unknown:
-            raise ProtocolError("unknown_parameter", f"Unknown parameter: 'response.{unknown[0]}'.",
-                                f"response.{unknown[0]}")
-        overrides = {k: spec[k] for k in ("instructions", "output_modalities", "tools", "tool_choice",
-                                          "max_output_tokens", "audio", "prompt", "tracing", "reasoning",
-                                          "parallel_tool_calls") if k in spec}
-        cfg = check_config(merge_update(self.config, overrides, path="response"), self.pipeline.spec, "response")
-        if spec.get("conversation", "auto") not in ("auto", "none"):
-            raise ProtocolError("invalid_value", "conversation must be 'auto' or 'none'", "response.conversation")
-        check_metadata(spec.get("metadata"), "response.metadata")
-        return cfg
-
-    def _start_response(self, spec: dict, inputs: list[Item] | None = None) -> None:
-        cfg = self._response_config(spec)
-        out_of_band = spec.get("conversation", "auto") == "none"
-        own_session = out_of_band or inputs is not None  # a pipeline session of its own, ended with the response
-        session, messages = self._messages(cfg, inputs, out_of_band)
-        limit = cfg["max_output_tokens"]
-        modality = cfg["output_modalities"][0]
-        opts = GenerationOptions(
-            audio=modality == "audio", voice=model_voice(cfg["audio"]["output"]["voice"], self.pipeline.spec),
-            max_text_tokens=self.limits.max_text_tokens if limit == "inf" else limit,
-            max_frames=self.limits.max_frames if limit == "inf" else min(limit, self.limits.max_frames),
-            tools=tuple(cfg["tools"]) if cfg["tool_choice"] != "none" else (),
-            tool_choice=cfg["tool_choice"],
-        )
-        turn = Turn(session, messages, opts)
-        response = Response(self.send, None if out_of_band else self.conversation, modality,
-                            AudioFormat.from_config(cfg["audio"]["output"]["format"]),
-                            cfg["audio"]["output"]["voice"], limit, spec.get("metadata"), turn_id=turn.turn_id,
-                            started=self.committed_at or time.perf_counter(), rate=self.pipeline.spec.output_rate)
-        response.on_audio_start = self.metrics.first_audio
-        response.speed = float(cfg["audio"]["output"]["speed"])
-        response.on_cap = lambda: self.pipeline.abort(response.turn_id)
-        self.committed_at = None
-        self.response = response
-        response.created()
-        events = self.pipeline.submit(turn) if own_session else self._events(turn, response, cfg)
-        self.task = asyncio.create_task(self._run(response, turn, events, own_session))
-
-    def _messages(self, cfg: dict, inputs: list[Item] | None, out_of_band: bool) -> tuple[str, list[Message]]:
-        """The pipeline session and the messages it has not seen yet (all of them after a reset)."""
-        context = (cfg["instructions"], json.dumps(cfg["tools"]), json.dumps(cfg["tool_choice"]))
-        system = [Message("system", cfg["instructions"])] if cfg["instructions"] else []
-        if out_of_band or inputs is not None:
-            messages = system + to_messages(inputs if inputs is not None else self._context())
-            if not messages:
-                raise ProtocolError("invalid_value", "Nothing to respond to.", "response.input")
-            return new_id("oob"), messages
-        items = self._context()
-        ids = [i.id for i in items]
-        reuse = context == self.sent_context and ids[: len(self.sent)] == self.sent
-        messages = to_messages(items[len(self.sent):]) if reuse else system + to_messages(items)
-        if not messages:
-            raise ProtocolError("invalid_value", "Nothing new in the conversation to respond to.")
-        if not reuse:
-            self.pipeline.end_session(self.pipe_session)
-            self.pipe_session = new_id("pipe")
-        self.sent, self.sent_context = ids, context
-        return self.pipe_session, messages
-
-    def _context(self) -> list[Item]:
-        """The conversation as the model reads it: without the items truncation dropped."""
-        return [i for i in self.conversation.items if i.id not in self.dropped]
-
-    async def _events(self, turn: Turn, response: Response, cfg: dict) -> AsyncIterator[Event]:
-        """The turn's events. A turn refused as too long for the context is retried, unless truncation is
-        disabled, as a fresh prefill of the newest items (the retention ratio of them; `auto`: 3/4), until
-        it fits or one item is left."""
-        truncation = cfg["truncation"]
-        ratio = None if truncation == "disabled" else 0.75 if truncation == "auto" else truncation["retention_ratio"]
-        while True:
-            events = self.pipeline.submit(turn)
-            first = await anext(events)
-            items = self._context()
-            keep = max(1, int(len(items) * (ratio or 0)))
-            if ratio is None or not isinstance(first, TurnError) or first.code != "context_too_long" \
-                    or keep >= len(items):
-                break
-            await events.aclose()
-            self.dropped.update(i.id for i in items[: len(items) - keep])
-            self.sent_context = None  # a new pipeline session: the kept items are prefilled again
-            turn = Turn(*self._messages(cfg, None, False), turn.options)
-            response.turn_id = turn.turn_id
-        yield first
-        async for event in events:
-            yield event
-
-    async def _run(self, response: Response, turn: Turn, events: AsyncIterator[Event], own_session: bool) -> None:
-        start = time.perf_counter()
-        try:
-            await response.run(events)
-        except Exception as e:  # never leave a client without response.done
-            log.exception("response %s failed", response.id)
-            response.fail(str(e))
-        finally:
-            if own_session:
-                self.pipeline.end_session(turn.session_id)
-            else:
-                self.sent.extend(i.id for i in response.items)
-            if response.audio_samples:
-                self.metrics.rtf((time.perf_counter() - start) / (response.audio_samples / response.rate))
-            logs.response_done(self.config["id"], response)
-            ended = "cancelled" if response.status == "in_progress" else response.status  # cut off with the socket
-            self.metrics.response_done(ended, response.error)
-            if self.response is response:
-                self.response = None
-            if self.respond_after and self.response is None:
-                self.respond_after = False
-                try:
-                    self._start_response({})
-                except ProtocolError as e:
-                    self.send(e.event(None))
-                except Exception:
-                    log.exception("response after a barge-in failed to start")
-                    self.send(SERVER_ERROR.event(None))
-            # GA: the idle timer starts once the reply's audio has played (its end + its duration), on the
-            # audio clock from its next push
-            self._arm_idle = response.audio_ms
-
-    def _cancel(self, reason: str) -> None:
-        if self.response is not None and self.response.status == "in_progress":
-            self.response.cancel_reason = reason
-            self.pipeline.abort(self.response.turn_id)
 
     # -- input transcription, by the model itself, in the background -------------------------------------
     def _transcribe(self, item: Item) -> None:
@@ -473,16 +247,6 @@ class RealtimeSession:
     @property
     def input_format(self) -> AudioFormat:
         return AudioFormat.from_config(self.config["audio"]["input"]["format"])
-
-    def _reset_vad(self) -> None:
-        td = self.config["audio"]["input"]["turn_detection"]
-        if not td:
-            self.vad = None
-        elif self.vad is None or self.vad.cfg != VadConfig.from_config(td):
-            self.vad = ServerVad(VadConfig.from_config(td), self.pipeline.spec.input_rate)
-            self.vad.reset(int(self.clock_ms))
-            if self.response is None:  # the timer runs from now: the session's start, or this update
-                self.vad.arm_idle(int(self.clock_ms))
 
 
 HANDLERS = {

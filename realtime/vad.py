@@ -154,10 +154,6 @@ class ServerVad:
         self._idle_since: int | None = None
 
     @property
-    def speaking(self) -> bool:
-        return self._speaking
-
-    @property
     def position_ms(self) -> int:
         """End of the last judged frame."""
         return self._origin + self._frames * FRAME_MS

@@ -268,6 +268,7 @@ def test_server_vad_turn_with_settings_log_meter_and_latency(pipeline, chromium:
         assert page.locator("#model-id").text_content() == spec.name
         other = next(v for v in spec.voices if v != spec.default_voice)
         page.get_by_label("Voice").select_option(other)
+        page.locator("#transcribe").check()  # transcription is opt-in; asked for, it names the served model
         browser.button("Connect").click()
         browser.wait_state("ready")
         first = browser.sent_of("session.update")[0]["session"]

@@ -1,7 +1,8 @@
 import pytest
 
-from models.common.chat import Prompt, Turn, render, render_continuation, reply_ids
+from models.common.chat import Prompt, Turn, render, render_continuation
 from models.common.tokenizer import Tokenizer
+from tests.reference_paths import reply_ids
 
 IM_START, IM_END, NL = 151644, 151645, 198
 SYSTEM, USER, ASSISTANT = 8948, 872, 77091

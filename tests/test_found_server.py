@@ -12,8 +12,9 @@ import aiohttp
 import pytest
 
 from models.registry import build_pipeline
+from realtime.item_events import MAX_ITEM_CHARS
 from realtime.server import ServerConfig
-from realtime.session import MAX_ITEM_CHARS, Limits
+from realtime.session import Limits
 from tests.raw_ws import connect
 from tests.realtime_server import client, next_event, running, until
 

@@ -15,6 +15,7 @@ from models.common.tokenizer import (
     parse_tiktoken,
     qwen_tiktoken_path,
 )
+from tests.reference_paths import save_tokenizer
 
 FIXED_TEXTS = [
     "Hello world",
@@ -54,7 +55,7 @@ def tok() -> Tokenizer:
 @pytest.fixture(scope="module")
 def saved_dir(tok: Tokenizer, tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("qwen_tokenizer")
-    tok.save(path)
+    save_tokenizer(tok, path)
     return path
 
 

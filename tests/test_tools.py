@@ -13,13 +13,12 @@ from models.qwen3_omni.tools import (
     parse_tool_calls,
     qwen_tool,
     render_tools_system,
-    strip_tool_calls,
     tool_call_text,
     tool_response_text,
-    tool_responses_text,
     tools_system,
     with_tools,
 )
+from tests.reference_paths import strip_tool_calls, tool_responses_text
 
 TOOL_CALL, TOOL_CALL_END, TOOL_RESPONSE, TOOL_RESPONSE_END, NL = 151657, 151658, 151665, 151666, 198
 

@@ -130,5 +130,11 @@ def test_a_models_own_names_through_the_rename_hook(hf_tiny_a, tmp_path):
     load_omni(ref, hf_tiny_a.path, prefix="code2wav.")
     a, b = ours.state_dict(), ref.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    with pytest.raises(WeightError, match="speaker_encoder"):
+    keep_unknown = lambda k: k.removeprefix("codec.") if k.startswith("codec.") else (  # noqa: E731
+        k if k.startswith("speaker_encoder.") else None)
+    with pytest.raises(WeightError, match="unexpected keys.*speaker_encoder.proj.weight"):
+        load_any(ours, path, rename=keep_unknown)
+    with pytest.raises(WeightError) as many:  # every codec key unexpected: the message lists 20 and a count
         load_any(ours, path, rename=lambda k: None if k.startswith("thinker.") or k.startswith("talker.") else k)
+    unexpected = str(many.value).split("unexpected keys")[1].split("\n")[0]
+    assert unexpected.count("codec.") == 20 and "more" in unexpected and len(str(many.value)) < 8000

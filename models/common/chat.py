@@ -108,8 +108,3 @@ def render_continuation(tokenizer: Tokenizer, turns: Iterable[Turn], add_generat
     """
     return Prompt(tuple(tokenizer.encode("\n"))) + render(tokenizer, turns, add_generation_prompt)
 
-
-def reply_ids(tokenizer: Tokenizer, text: str) -> list[int]:
-    """A reply's text re-encoded, then <|im_end|>: what render() puts after "assistant\n", unless the text starts
-    with whitespace holding a newline (that would merge with the template's newline). Sampled ids may differ."""
-    return [*tokenizer.encode(text), tokenizer.special_ids[IM_END]]

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.common.config import Code2WavConfig
-from models.common.layers import RMSNorm, Rope, SelfAttention, SwiGLU, attention
+from models.common.layers import LayerStack, RMSNorm, Rope, SelfAttention, SwiGLU, attention
 
 
 class CausalConv(nn.Module):
@@ -148,19 +148,12 @@ class SlidingKV:
         return attention(q, k, v, scale, past, self.window)
 
 
-class Transformer(nn.Module):
+class Transformer(LayerStack):
     def __init__(self, cfg: Code2WavConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList([TransformerLayer(cfg) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = Rope(cfg.head_dim, cfg.rope_theta)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: SlidingKV) -> torch.Tensor:
-        """x: [B, T, H]; positions: [B, T] frame indices."""
-        cos, sin = self.rope(positions, x.dtype)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, i, cache)
-        return self.norm(x)
 
 
 class CodeEmbedding(nn.Embedding):

@@ -27,18 +27,16 @@ slot, run the layers, write the new state back.
 - look-ahead transposed convs: the last `lookahead` inputs, put in front of the next ones.
 
 A stream's first frame has nothing pending, so it yields `holdback` fewer samples: `step(first=True)`
-batches first frames, `step` later ones (two fixed-shape calls per batch size), and `push` takes any
-number of frames of one stream, first or later, eagerly. Samples equal `Code2Wav.decode` of the
-stream's frames.
+batches first frames, `step` later ones (two fixed-shape calls per batch size).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from models.common.code2wav import CausalConv, CausalTransConv, Code2Wav, ConvNeXt, ResidualUnit
+from pipelines.kv_cache import sdpa
 
 _CAUSAL = (CausalConv, ConvNeXt, ResidualUnit)
 
@@ -73,11 +71,7 @@ class _SlotKV:
         flat = (-1, *kbuf.shape[2:])
         kbuf.view(flat).index_copy_(0, self.write, k[:, -self.keep :].reshape(flat))
         vbuf.view(flat).index_copy_(0, self.write, v[:, -self.keep :].reshape(flat))
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys.transpose(1, 2), vals.transpose(1, 2), attn_mask=self.mask, scale=scale,
-            enable_gqa=q.shape[2] != k.shape[2],
-        )
-        return out.transpose(1, 2)
+        return sdpa(q, keys, vals, self.mask, scale)
 
 
 class Code2WavSlots:

@@ -38,12 +38,6 @@ class SpeakingTurn(Turn, Protocol):
     def maybe_finish(self) -> bool: ...
 
 
-class Speaker(Protocol):
-    """A model that speaks through a Code2Wav-style codec decoder."""
-
-    code2wav: Code2Wav
-
-
 class Code2WavWork(Work):
     def __init__(self, turn: SpeakingTurn) -> None:
         super().__init__(turn, f"code2wav:{turn.turn_id}")
@@ -65,11 +59,11 @@ class Code2WavWork(Work):
 
 
 class Code2WavStep:
-    def __init__(self, model: Speaker, device: torch.device, dtype: torch.dtype, slots: int = 256,
+    def __init__(self, code2wav: Code2Wav, device: torch.device, dtype: torch.dtype, slots: int = 256,
                  graphs: bool = False, buckets: tuple[int, ...] = BUCKETS) -> None:
-        self.model, self.device = model, device
-        self.streams = Code2WavSlots(model.code2wav, slots, device, dtype)
-        q = model.code2wav.cfg.num_quantizers
+        self.device = device
+        self.streams = Code2WavSlots(code2wav, slots, device, dtype)
+        q = code2wav.cfg.num_quantizers
         inputs = {"slot": Input((), torch.long, self.streams.scratch), "codes": Input((q,), torch.long, 0)}
         s = self.streams
         self.later = GraphRunner("code2wav", lambda b: {"pcm": s.step(b["slot"], b["codes"])}, inputs, device,

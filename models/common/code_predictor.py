@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from models.common.config import CodePredictorConfig
-from models.common.layers import DecoderLayer, DenseKVCache, KVCache, RMSNorm, Rope, SwiGLU, run_layers
+from models.common.layers import DecoderLayer, DenseKVCache, KVCache, LayerStack, RMSNorm, Rope, SwiGLU
 
 # sample(logits [B, V], step) -> ids [B]; step 0 chooses codebook 1.
 Sampler = Callable[[torch.Tensor, int], torch.Tensor]
@@ -32,7 +32,7 @@ class PredictedCodes:
     logits: torch.Tensor  # [B, 15, V] the logits each code was chosen from
 
 
-class CodePredictorModel(nn.Module):
+class CodePredictorModel(LayerStack):
     def __init__(self, cfg: CodePredictorConfig) -> None:
         super().__init__()
         groups = cfg.num_code_groups - 1
@@ -45,9 +45,6 @@ class CodePredictorModel(nn.Module):
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = Rope(cfg.head_dim, cfg.rope_theta)
-
-    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        return run_layers(self.layers, self.rope, self.norm, embeds, positions, cache)
 
 
 class CodePredictor(nn.Module):

@@ -38,6 +38,20 @@ def required(d: dict, key: str, where: str, *aliases: str, optional: dict[str, A
     raise ConfigError(f"required key '{key}' is missing from config.json{inside}")
 
 
+def read_fields(
+    cls: type, d: dict, where: str, skip: tuple[str, ...] = (), keys: dict[str, tuple[str, ...]] | None = None,
+    optional: dict[str, Any] = OPTIONAL,
+) -> dict[str, Any]:
+    """`required` for each field of the dataclass `cls` but `skip`, in field order; `keys` gives a field's
+    config.json key (then its aliases) where it is not the field's name."""
+    out = {}
+    for name in cls.__dataclass_fields__:
+        if name not in skip:
+            key, *aliases = (keys or {}).get(name, (name,))
+            out[name] = required(d, key, where, *aliases, optional=optional)
+    return out
+
+
 def rope_params(d: dict, where: str) -> tuple[float, tuple[int, ...], bool]:
     """(theta, mrope_section, interleaved) from either config form."""
     params = d.get("rope_parameters") or {}
@@ -86,36 +100,16 @@ class TextConfig:
             raise ConfigError(f"text_config: hidden_act '{self.hidden_act}' is not supported (silu only)")
 
     def is_moe_layer(self, i: int) -> bool:
-        return (
-            self.num_experts > 0 and i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0
-        )
+        return self.num_experts > 0 and i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0
 
     @classmethod
     def from_hf(cls, d: dict, where: str) -> TextConfig:
         theta, section, interleaved = rope_params(d, where)
-        g = lambda k, *a: required(d, k, where, *a)  # noqa: E731
-        return cls(
-            vocab_size=g("vocab_size"),
-            hidden_size=g("hidden_size"),
-            intermediate_size=g("intermediate_size"),
-            num_hidden_layers=g("num_hidden_layers"),
-            num_attention_heads=g("num_attention_heads"),
-            num_key_value_heads=g("num_key_value_heads"),
-            head_dim=g("head_dim"),
-            num_experts=g("num_experts", "num_local_experts"),
-            num_experts_per_tok=g("num_experts_per_tok"),
-            moe_intermediate_size=g("moe_intermediate_size"),
-            norm_topk_prob=bool(g("norm_topk_prob")),
-            rms_norm_eps=float(g("rms_norm_eps")),
-            rope_theta=theta,
-            mrope_section=section,
-            mrope_interleaved=interleaved,
-            shared_expert_intermediate_size=g("shared_expert_intermediate_size"),
-            decoder_sparse_step=g("decoder_sparse_step"),
-            mlp_only_layers=tuple(g("mlp_only_layers")),
-            hidden_act=g("hidden_act"),
-            attention_bias=bool(g("attention_bias")),
-        )
+        v = read_fields(cls, d, where, ("rope_theta", "mrope_section", "mrope_interleaved"),
+                        {"num_experts": ("num_experts", "num_local_experts")})
+        v.update(norm_topk_prob=bool(v["norm_topk_prob"]), rms_norm_eps=float(v["rms_norm_eps"]),
+                 mlp_only_layers=tuple(v["mlp_only_layers"]), attention_bias=bool(v["attention_bias"]))
+        return cls(rope_theta=theta, mrope_section=section, mrope_interleaved=interleaved, **v)
 
 
 @dataclass(frozen=True)
@@ -136,8 +130,7 @@ class CodePredictorConfig:
     def from_hf(cls, d: dict) -> CodePredictorConfig:
         w = "talker_config.code_predictor_config"
         theta, _, _ = rope_params(d, w)
-        names = [f for f in cls.__dataclass_fields__ if f != "rope_theta"]
-        return cls(rope_theta=theta, **{n: required(d, n, w) for n in names})
+        return cls(rope_theta=theta, **read_fields(cls, d, w, ("rope_theta",)))
 
 
 @dataclass(frozen=True)
@@ -173,8 +166,7 @@ class Code2WavConfig:
     def from_hf(cls, d: dict) -> Code2WavConfig:
         w = "code2wav_config"
         theta, _, _ = rope_params(d, w)
-        names = [f for f in cls.__dataclass_fields__ if f not in ("rope_theta", "rms_norm_eps")]
-        vals = {n: required(d, n, w) for n in names}
+        vals = read_fields(cls, d, w, ("rope_theta", "rms_norm_eps"))
         vals["rms_norm_eps"] = float(d.get("rms_norm_eps", 1e-5))  # Code2Wav's own default differs
         vals["upsample_rates"] = tuple(vals["upsample_rates"])
         vals["upsampling_ratios"] = tuple(vals["upsampling_ratios"])

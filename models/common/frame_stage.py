@@ -1,6 +1,5 @@
 """The frame LM's stage: a talker stream's prompt prefill (`FramePrefill`) and one whole codec frame per
-row per decode step (`FrameStep`), the only compute paths: fixed shapes (a CUDA graph per batch bucket
-when graphs are on), or a prefill too long for them at its own shape, eagerly.
+row per decode step (`FrameStep`), the only compute paths (frame_step.py).
 
 Each talker stream holds a row (slot) of the stage's repetition-penalty state, `seen` [slots + 1, V]:
 the codebook-0 ids it has made, updated on the device by whichever path made the frame. The last row
@@ -18,7 +17,6 @@ import torch
 from pipelines import kv_views
 from pipelines.graphs import GraphRunner, Tensors
 from pipelines.kv_cache import BatchKV, PagedKVCache
-from pipelines.sampling import SamplingParams
 from pipelines.stage import StageConfig
 from pipelines.step_sampling import sampling_rows
 from pipelines.types import GenerationOptions
@@ -26,12 +24,7 @@ from pipelines.types import GenerationOptions
 from .frame import FrameTalker
 from .frame_step import FramePrefill, FrameStep
 from .prefill import InputRows, PrefillCall, Prefills
-from .work import GREEDY, NAN_MESSAGE
-
-
-def greedy_talker(p: SamplingParams) -> SamplingParams:
-    """The reference's greedy talker keeps its repetition penalty (and suppressed ids)."""
-    return SamplingParams(greedy=True, repetition_penalty=p.repetition_penalty)
+from .work import NAN_MESSAGE
 
 
 class FrameTurn(Protocol):
@@ -93,12 +86,12 @@ class FrameStage:
         self.free.append(slot)
 
     def _rows(self, works: list[FrameWork]) -> dict:
-        """Each row's frame number, penalty row and sampling: the inputs decode and prefill share."""
+        """Each row's frame number, penalty row and sampling (greedy already resolved into the turn's talker
+        and predictor settings): the inputs decode and prefill share."""
         opts = [w.turn.options for w in works]
         return {"frame": [len(w.turn.codes) for w in works], "slot": [w.slot for w in works],
-                "no_eos": [o.ignore_eos for o in opts],
-                **sampling_rows("t", [greedy_talker(o.talker) if o.greedy else o.talker for o in opts]),
-                **sampling_rows("p", [GREEDY if o.greedy else o.predictor for o in opts])}
+                "no_eos": [o.ignore_eos for o in opts], **sampling_rows("t", [o.talker for o in opts]),
+                **sampling_rows("p", [o.predictor for o in opts])}
 
     def decode(self, works: list[FrameWork]) -> bool:
         if any(len(self.kv.seqs[w.key].blocks) > self.width for w in works):

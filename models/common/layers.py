@@ -13,7 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipelines.kv_cache import sdpa
+
 from . import fused
+from .config import TextConfig
 
 
 class RMSNorm(nn.Module):
@@ -76,11 +79,7 @@ def attention(
         mask = kj <= qi
         if window is not None:
             mask &= kj > qi - window
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale,
-        enable_gqa=q.shape[2] != k.shape[2],
-    )
-    return out.transpose(1, 2)
+    return sdpa(q, k, v, mask, scale)
 
 
 USE_GROUPED_ON_CPU = False  # the per-expert loop is the CPU path; tests flip this to check both agree
@@ -248,12 +247,26 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(h)
 
 
-def run_layers(
-    layers: nn.ModuleList, rope: Rope, norm: RMSNorm, x: torch.Tensor, positions: torch.Tensor,
-    cache: KVCache | None,
-) -> torch.Tensor:
-    """The decoder stack: every layer in order, then the final norm."""
-    cos, sin = rope(positions, x.dtype)
-    for i, layer in enumerate(layers):
-        x = layer(x, cos, sin, i, cache)
-    return norm(x)
+def text_layer(cfg: TextConfig, moe: bool) -> DecoderLayer:
+    """A decoder layer of `cfg`: routed MoE (plus the gated shared expert when `cfg` has one), else dense SwiGLU."""
+    h = cfg.hidden_size
+    mlp = SwiGLU(h, cfg.intermediate_size) if not moe else MoE(
+        h, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob,
+        shared=cfg.shared_expert_intermediate_size)
+    return DecoderLayer(h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps, mlp,
+                        cfg.attention_bias)
+
+
+class LayerStack(nn.Module):
+    """A decoder stack: every layer of `layers` in order, then the final `norm`; a subclass builds those
+    and `rope`. x [B, T, H], positions [B, T] (or [3, B, T]) -> the final normed hidden states [B, T, H]."""
+
+    layers: nn.ModuleList
+    norm: RMSNorm
+    rope: Rope
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        cos, sin = self.rope(positions, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, i, cache)
+        return self.norm(x)

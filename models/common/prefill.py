@@ -1,11 +1,9 @@
-"""A stage's prefill: one forward function, run at fixed shapes where sequences fit them, else eagerly at
-the batch's own shape.
+"""A stage's prefill: one forward function, run at fixed shapes where sequences fit them, else eagerly.
 
 Sequences whose new tokens and context fit `PrefillGraphs`' buckets go through its fixed-shape runners
 (CUDA graphs when on), up to its largest row bucket per call; the rest (long prompts or contexts) go
-through the same forward function in one call whose inputs are built for their actual shapes (tokens:
-the longest row's, table width: the widest row's), not captured. Both build the same input dict, so
-there is one compute path.
+through the same forward function in one call built for their actual shapes (tokens: the longest row's,
+table width: the widest row's), not captured. Both build the same input dict: one compute path.
 """
 
 from __future__ import annotations

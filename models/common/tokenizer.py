@@ -207,28 +207,6 @@ class Tokenizer:
             return cls.from_dir(path)
         return cls.builtin()
 
-    def save(self, path: str | Path) -> None:
-        """Write tokenizer.json, vocab.json, merges.txt and tokenizer_config.json (loadable by transformers)."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        self.backend.save(str(path / "tokenizer.json"))
-        model = json.loads(self.backend.to_str())["model"]
-        (path / "vocab.json").write_text(json.dumps(model["vocab"], ensure_ascii=False), encoding="utf-8")
-        merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
-        (path / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
-        added = self.backend.get_added_tokens_decoder()
-        config = {
-            "tokenizer_class": "Qwen2Tokenizer",
-            "added_tokens_decoder": {
-                str(i): {"content": t.content, **{k: getattr(t, k) for k in _ADDED_FLAGS}}
-                for i, t in sorted(added.items())
-            },
-            "eos_token": "<|im_end|>",
-            "pad_token": "<|endoftext|>",
-            "model_max_length": 32768,
-        }
-        (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
-
     def encode(self, text: str) -> list[int]:
         """Added tokens written in `text` (e.g. "<|im_end|>") become their ids, as in the reference tokenizer."""
         return self.backend.encode(text, add_special_tokens=False).ids

@@ -48,33 +48,25 @@ class Target:
     parts: tuple[str, ...] = ()  # names of the pieces, in order (for sizes)
 
 
-_RULES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"^(.*\.self_attn)\.([qkv])_proj\.(weight|bias)$"), "qkv"),
-    (re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up)_proj\.weight$"), "w13"),
-    (re.compile(r"^(.*\.experts)\.(\d+)\.down_proj\.weight$"), "w2"),
-    (re.compile(r"^(.*\.experts)\.gate_up_proj$"), "w13_all"),
-    (re.compile(r"^(.*\.experts)\.down_proj$"), "w2_all"),
-    (re.compile(r"^(.*\.(?:mlp|shared_expert))\.(gate|up)_proj\.weight$"), "gate_up"),
+GATE_UP = ("gate", "up")
+_RULES: list[tuple[re.Pattern[str], Callable[[re.Match[str]], Target]]] = [
+    (re.compile(r"^(.*\.self_attn)\.([qkv])_proj\.(weight|bias)$"),
+     lambda m: Target(f"{m[1]}.qkv.{m[3]}", part="qkv".index(m[2]), parts=("q", "k", "v"))),
+    (re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up)_proj\.weight$"),
+     lambda m: Target(f"{m[1]}.w13", index=int(m[2]), part=GATE_UP.index(m[3]), parts=GATE_UP)),
+    (re.compile(r"^(.*\.experts)\.(\d+)\.down_proj\.weight$"), lambda m: Target(f"{m[1]}.w2", index=int(m[2]))),
+    (re.compile(r"^(.*\.experts)\.gate_up_proj$"), lambda m: Target(f"{m[1]}.w13")),
+    (re.compile(r"^(.*\.experts)\.down_proj$"), lambda m: Target(f"{m[1]}.w2")),
+    (re.compile(r"^(.*\.(?:mlp|shared_expert))\.(gate|up)_proj\.weight$"),
+     lambda m: Target(f"{m[1]}.gate_up.weight", part=GATE_UP.index(m[2]), parts=GATE_UP)),
 ]
 
 
 def map_name(ckpt: str) -> Target:
     """Where checkpoint tensor `ckpt` goes in our model."""
-    for pattern, kind in _RULES:
-        m = pattern.match(ckpt)
-        if m is None:
-            continue
-        if kind == "qkv":
-            return Target(f"{m[1]}.qkv.{m[3]}", part="qkv".index(m[2]), parts=("q", "k", "v"))
-        if kind == "w13":
-            return Target(f"{m[1]}.w13", index=int(m[2]), part=("gate", "up").index(m[3]), parts=("gate", "up"))
-        if kind == "w2":
-            return Target(f"{m[1]}.w2", index=int(m[2]))
-        if kind == "w13_all":
-            return Target(f"{m[1]}.w13")
-        if kind == "w2_all":
-            return Target(f"{m[1]}.w2")
-        return Target(f"{m[1]}.gate_up.weight", part=("gate", "up").index(m[2]), parts=("gate", "up"))
+    for pattern, target in _RULES:
+        if m := pattern.match(ckpt):
+            return target(m)
     return Target(ckpt)
 
 

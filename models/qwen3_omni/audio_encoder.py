@@ -21,15 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .audio_features import audio_token_count
+from .audio_features import audio_token_count, downsampled
 from .config import AudioEncoderConfig
-
-
-def _downsampled(n: int | torch.Tensor) -> int | torch.Tensor:
-    """Length after the three convolutions (kernel 3, stride 2, padding 1); 0 stays 0."""
-    for _ in range(3):
-        n = (n - 1) // 2 + 1
-    return n
 
 
 def sinusoids(length: int, channels: int, device: torch.device, max_timescale: float = 10000.0) -> torch.Tensor:
@@ -90,7 +83,7 @@ class AudioEncoder(nn.Module):
         self.conv2d1 = nn.Conv2d(1, c, 3, 2, padding=1)
         self.conv2d2 = nn.Conv2d(c, c, 3, 2, padding=1)
         self.conv2d3 = nn.Conv2d(c, c, 3, 2, padding=1)
-        self.conv_out = nn.Linear(c * _downsampled(cfg.num_mel_bins), cfg.d_model, bias=False)
+        self.conv_out = nn.Linear(c * downsampled(cfg.num_mel_bins), cfg.d_model, bias=False)
         self.layers = nn.ModuleList(AudioEncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.ln_post = nn.LayerNorm(cfg.d_model)
         self.proj1 = nn.Linear(cfg.d_model, cfg.d_model)
@@ -110,7 +103,7 @@ class AudioEncoder(nn.Module):
         chunks, chunk_lens = self._chunk(audios)
         x = self._embed(chunks)  # [num_chunks, tokens of the longest chunk, d_model]
         per_chunk = x.shape[1]
-        valid = torch.arange(per_chunk) < _downsampled(chunk_lens)[:, None]
+        valid = torch.arange(per_chunk) < downsampled(chunk_lens)[:, None]
         x = x.flatten(0, 1)[valid.flatten().nonzero()[:, 0].to(x.device)]
         slots, key_mask = self._windows([a.shape[1] for a in audios], per_chunk, x.device)
         for layer in self.layers:

@@ -82,7 +82,8 @@ def log_mel(waveforms: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Ten
     return (logs + 4.0) / 4.0, mask
 
 
-def _halve3(n: torch.Tensor | int) -> torch.Tensor | int:
+def downsampled(n: torch.Tensor | int) -> torch.Tensor | int:
+    """Length after the encoder's three convolutions (kernel 3, stride 2, padding 1); 0 stays 0."""
     for _ in range(3):
         n = (n - 1) // 2 + 1
     return n
@@ -92,4 +93,4 @@ def audio_token_count(n_frames: torch.Tensor | int, n_window: int = 50) -> torch
     """Audio encoder output tokens for n_frames mel frames: windows of 2 * n_window frames, each through three
     stride-2 convolutions (13 tokens per full 100-frame window; 1 s -> 13, 2 s -> 26, 3.7 s -> 48)."""
     chunk = 2 * n_window
-    return _halve3(n_frames % chunk) + (n_frames // chunk) * _halve3(chunk)
+    return downsampled(n_frames % chunk) + (n_frames // chunk) * downsampled(chunk)

@@ -16,12 +16,15 @@ from models.common.config import (
     CodePredictorConfig,
     ConfigError,
     TextConfig,
+    read_fields,
     required,
 )
 
 # The audio encoder's keys that may be absent (their transformers default is the real model's value).
 AUDIO_OPTIONAL: dict[str, Any] = {**OPTIONAL, "activation_function": "gelu", "n_window_infer": 800,
                                   "conv_chunksize": 500}
+# A text-only checkpoint may omit these (the speaking model's values); a speaking one must have them.
+TTS_IDS = {"tts_pad_token_id": 151671, "tts_bos_token_id": 151672, "tts_eos_token_id": 151673}
 
 
 @dataclass(frozen=True)
@@ -48,8 +51,7 @@ class AudioEncoderConfig:
     @classmethod
     def from_hf(cls, d: dict) -> AudioEncoderConfig:
         w = "thinker_config.audio_config"
-        names = [f for f in cls.__dataclass_fields__]
-        return cls(**{n: required(d, n, w, optional=AUDIO_OPTIONAL) for n in names})
+        return cls(**read_fields(cls, d, w, optional=AUDIO_OPTIONAL))
 
 
 @dataclass(frozen=True)
@@ -83,20 +85,11 @@ class TalkerConfig:
     def from_hf(cls, d: dict) -> TalkerConfig:
         w = "talker_config"
         speakers = required(d, "speaker_id", w)
-        return cls(
-            text=TextConfig.from_hf(required(d, "text_config", w), f"{w}.text_config"),
-            code_predictor=CodePredictorConfig.from_hf(required(d, "code_predictor_config", w)),
-            thinker_hidden_size=required(d, "thinker_hidden_size", w),
-            accept_hidden_layer=required(d, "accept_hidden_layer", w),
-            num_code_groups=required(d, "num_code_groups", w),
-            codec_pad_id=required(d, "codec_pad_id", w),
-            codec_bos_id=required(d, "codec_bos_id", w),
-            codec_eos_id=required(d, "codec_eos_token_id", w),
-            codec_nothink_id=required(d, "codec_nothink_id", w),
-            codec_think_bos_id=required(d, "codec_think_bos_id", w),
-            codec_think_eos_id=required(d, "codec_think_eos_id", w),
-            speakers=tuple(sorted((k.lower(), int(v)) for k, v in speakers.items())),
-        )
+        text = TextConfig.from_hf(required(d, "text_config", w), f"{w}.text_config")
+        predictor = CodePredictorConfig.from_hf(required(d, "code_predictor_config", w))
+        rest = read_fields(cls, d, w, ("text", "code_predictor", "speakers"), {"codec_eos_id": ("codec_eos_token_id",)})
+        speakers = tuple(sorted((k.lower(), int(v)) for k, v in speakers.items()))
+        return cls(text=text, code_predictor=predictor, speakers=speakers, **rest)
 
 
 @dataclass(frozen=True)
@@ -110,13 +103,9 @@ class ThinkerConfig:
     @classmethod
     def from_hf(cls, d: dict) -> ThinkerConfig:
         w = "thinker_config"
-        return cls(
-            audio=AudioEncoderConfig.from_hf(required(d, "audio_config", w)),
-            text=TextConfig.from_hf(required(d, "text_config", w), f"{w}.text_config"),
-            audio_token_id=required(d, "audio_token_id", w),
-            audio_start_token_id=required(d, "audio_start_token_id", w),
-            audio_end_token_id=required(d, "audio_end_token_id", w),
-        )
+        audio = AudioEncoderConfig.from_hf(required(d, "audio_config", w))
+        text = TextConfig.from_hf(required(d, "text_config", w), f"{w}.text_config")
+        return cls(audio=audio, text=text, **read_fields(cls, d, w, ("audio", "text")))
 
 
 @dataclass(frozen=True)
@@ -154,19 +143,12 @@ class OmniConfig:
             raise ConfigError(f"config.json: '{method}' quantization is not supported yet; use the bf16 checkpoint")
         g = lambda k: required(d, k, "config.json")  # noqa: E731
         speaks = "talker_config" in d
-        tts = lambda k, default: g(k) if speaks else d.get(k, default)  # noqa: E731
         return cls(
             thinker=ThinkerConfig.from_hf(g("thinker_config")),
             talker=TalkerConfig.from_hf(g("talker_config")) if speaks else None,
             code2wav=Code2WavConfig.from_hf(g("code2wav_config")) if speaks else None,
-            im_start_token_id=g("im_start_token_id"),
-            im_end_token_id=g("im_end_token_id"),
-            system_token_id=g("system_token_id"),
-            user_token_id=g("user_token_id"),
-            assistant_token_id=g("assistant_token_id"),
-            tts_pad_token_id=tts("tts_pad_token_id", 151671),
-            tts_bos_token_id=tts("tts_bos_token_id", 151672),
-            tts_eos_token_id=tts("tts_eos_token_id", 151673),
+            **read_fields(cls, d, "config.json", ("thinker", "talker", "code2wav", "raw", *TTS_IDS)),
+            **{k: g(k) if speaks else d.get(k, default) for k, default in TTS_IDS.items()},
             raw=d,
         )
 
@@ -183,4 +165,3 @@ def read_config(path: str | Path) -> dict:
         return json.loads(path.read_text())
     except FileNotFoundError as e:
         raise ConfigError(f"no config.json at {path}") from e
-

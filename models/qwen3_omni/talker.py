@@ -2,11 +2,9 @@
 
 Each step takes one input embedding and yields a hidden state; `codec_head` turns it into logits over
 codebook 0, and the code predictor (code_predictor.py) fills codebooks 1..15 of the same frame: the
-talker implements models/common/frame.py's FrameTalker. Every
-talker layer uses the routed MoE with a sigmoid-gated shared expert (the checkpoint has no dense talker
-layers, whatever `mlp_only_layers` / `decoder_sparse_step` say). Thinker states enter through two
-two-layer MLPs: `text_projection` for token embeddings, `hidden_projection` for the hidden states of
-multimodal (audio) positions. How those build the prompt and the per-frame inputs: talker_prompt.py.
+talker implements models/common/frame.py's FrameTalker. Thinker states enter through two two-layer MLPs:
+`text_projection` for token embeddings, `hidden_projection` for the hidden states of multimodal (audio)
+positions. How those build the prompt and the per-frame inputs: talker_prompt.py.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from torch import nn
 from models.common.code_predictor import CodePredictor, Sampler, greedy
 from models.common.config import ConfigError, TextConfig
 from models.common.frame import CodecFrame, next_frame
-from models.common.layers import DecoderLayer, KVCache, MoE, RMSNorm, Rope, run_layers
+from models.common.layers import KVCache, LayerStack, RMSNorm, Rope, text_layer
 from models.qwen3_omni.config import TalkerConfig
 
 
@@ -34,26 +32,15 @@ class ResizeMLP(nn.Module):
         return self.linear_fc2(F.silu(self.linear_fc1(x)))
 
 
-def talker_layer(cfg: TextConfig) -> DecoderLayer:
-    """Every talker layer is routed MoE with the sigmoid-gated shared expert (the reference builds a dense
-    choice and then replaces it, so `mlp_only_layers` / `decoder_sparse_step` have no effect)."""
-    h = cfg.hidden_size
-    mlp = MoE(h, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob,
-              shared=cfg.shared_expert_intermediate_size)
-    return DecoderLayer(h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps, mlp,
-                        cfg.attention_bias)
-
-
-class TalkerModel(nn.Module):
+class TalkerModel(LayerStack):
     def __init__(self, cfg: TextConfig) -> None:
         super().__init__()
         self.codec_embedding = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(talker_layer(cfg) for _ in range(cfg.num_hidden_layers))
+        # Every talker layer is routed MoE with the shared expert (the reference builds a dense choice and then
+        # replaces it, so `mlp_only_layers` / `decoder_sparse_step` have no effect).
+        self.layers = nn.ModuleList(text_layer(cfg, moe=True) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
-
-    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        return run_layers(self.layers, self.rope, self.norm, embeds, positions, cache)
 
 
 class Talker(nn.Module):

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 import torch
 
-from models.common.frame import CodecFrame
 from models.qwen3_omni.config import OmniConfig
 from models.qwen3_omni.talker import Talker
 
@@ -41,16 +40,6 @@ class TtsEmbeds:
     bos: torch.Tensor  # [H] each, in the talker's width
     eos: torch.Tensor
     pad: torch.Tensor
-
-
-@dataclass(frozen=True)
-class TalkerPrompt:
-    embeds: torch.Tensor  # [P, H] prefill input
-    trailing: torch.Tensor  # [N, H] text part of decode steps 0..N-1 (reply tokens 1.., then eos)
-    pad: torch.Tensor  # [H] text part of every later step
-
-    def text_for_step(self, step: int) -> torch.Tensor:
-        return self.trailing[step] if step < self.trailing.shape[0] else self.pad
 
 
 def tts_embeds(talker: Talker, thinker_token_embeds: torch.Tensor) -> TtsEmbeds:
@@ -72,17 +61,6 @@ def user_mask(input_ids: torch.Tensor, cfg: OmniConfig) -> torch.Tensor:
     return role == cfg.user_token_id
 
 
-def user_part(
-    talker: Talker, cfg: OmniConfig, input_ids: torch.Tensor, thinker_embeds: torch.Tensor, thinker_hidden: torch.Tensor
-) -> torch.Tensor:
-    """[U, H]: the user turns of `input_ids` [L]; thinker_embeds / thinker_hidden: [>= L, H_thinker]."""
-    keep = user_mask(input_ids, cfg)
-    audio = (input_ids == cfg.thinker.audio_token_id)[keep]
-    text = talker.project_text(thinker_embeds[: input_ids.shape[0]][keep])
-    hidden = talker.project_hidden(thinker_hidden[: input_ids.shape[0]][keep])
-    return torch.where(audio[:, None], hidden, text)
-
-
 def assistant_prefix(
     talker: Talker, cfg: OmniConfig, head_embeds: torch.Tensor, tts: TtsEmbeds, speaker_id: int
 ) -> torch.Tensor:
@@ -95,41 +73,3 @@ def assistant_prefix(
     codec = talker.embed_codec(torch.tensor(codec_ids, device=text.device))
     return text + torch.cat((torch.zeros_like(text[:3]), codec))
 
-
-def assistant_start(input_ids: torch.Tensor, cfg: OmniConfig) -> int:
-    """Index of the last `<|im_start|>assistant` in `input_ids` [L]."""
-    hits = (input_ids[:-1] == cfg.im_start_token_id) & (input_ids[1:] == cfg.assistant_token_id)
-    idx = hits.nonzero().flatten()
-    if idx.numel() == 0:
-        raise ValueError("the thinker prompt has no <|im_start|>assistant turn")
-    return int(idx[-1])
-
-
-def build_prompt(
-    talker: Talker,
-    cfg: OmniConfig,
-    input_ids: torch.Tensor,
-    thinker_embeds: torch.Tensor,
-    thinker_hidden: torch.Tensor,
-    tts: TtsEmbeds,
-    speaker_id: int,
-) -> TalkerPrompt:
-    """The whole talker input of one turn, once the thinker's reply is known.
-
-    input_ids [L]: the thinker prompt. thinker_embeds [L + R, H_thinker]: the thinker's input embeddings
-    of the prompt and of the R >= 1 reply tokens it consumed (not its final token). thinker_hidden
-    [>= L, H_thinker]: the hidden states entering layer `accept_hidden_layer`, over the prompt.
-    """
-    start = assistant_start(input_ids, cfg)
-    if thinker_embeds.shape[0] < start + 4:
-        raise ValueError("the talker needs the thinker's first reply token")
-    users = user_part(talker, cfg, input_ids, thinker_embeds, thinker_hidden)
-    prefix = assistant_prefix(talker, cfg, thinker_embeds[start : start + 4], tts, speaker_id)
-    trailing = torch.cat((talker.project_text(thinker_embeds[start + 4 :]), tts.eos[None]))
-    return TalkerPrompt(torch.cat((users, prefix)), trailing, tts.pad)
-
-
-def next_input(frame: CodecFrame, text: torch.Tensor) -> torch.Tensor:
-    """[B, 1, H]: the talker's input for the step after `frame`, with text [B, H] (or [H]) from
-    `TalkerPrompt.text_for_step`."""
-    return (frame.embed_sum + text)[:, None]

@@ -8,7 +8,7 @@ Positions. For text and audio prompts the reference's multimodal rope index is t
 0..T-1 on all three rows (its audio-only branch uses the attention-mask cumsum; even its vision branch
 would give audio one position per token, contiguous with the text around it), and its rope delta is 0,
 so cached decoding and later turns simply continue the count: a token's position is the number of
-tokens before it in the session. `text_positions` builds these.
+tokens before it in the session.
 
 Captured hidden state. The talker reads `hidden_states[accept_hidden_layer]` of the thinker, where
 index 0 is the input embeddings (audio merged in), index k the output of decoder layer k-1, and the
@@ -22,21 +22,10 @@ import torch
 from torch import nn
 
 from models.common.config import TextConfig
-from models.common.layers import DecoderLayer, KVCache, MoE, RMSNorm, Rope, SwiGLU
+from models.common.layers import KVCache, RMSNorm, Rope, text_layer
 
 from .audio_encoder import AudioEncoder
 from .config import ThinkerConfig
-
-
-def thinker_layer(cfg: TextConfig, index: int) -> DecoderLayer:
-    """A routed MoE MLP (no shared expert) where `cfg.is_moe_layer(index)`, else a dense SwiGLU."""
-    h = cfg.hidden_size
-    mlp: nn.Module = SwiGLU(h, cfg.intermediate_size)
-    if cfg.is_moe_layer(index):
-        mlp = MoE(h, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob,
-                  shared=cfg.shared_expert_intermediate_size)
-    return DecoderLayer(h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps, mlp,
-                        cfg.attention_bias)
 
 
 class TextModel(nn.Module):
@@ -45,7 +34,7 @@ class TextModel(nn.Module):
     def __init__(self, cfg: TextConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(thinker_layer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(text_layer(cfg, cfg.is_moe_layer(i)) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
 
@@ -72,7 +61,6 @@ class ThinkerText(nn.Module):
 
     def __init__(self, cfg: TextConfig) -> None:
         super().__init__()
-        self.text_cfg = cfg
         self.model = TextModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
@@ -122,12 +110,3 @@ def merge_audio(embeds: torch.Tensor, ids: torch.Tensor, audio: torch.Tensor, au
         raise ValueError(f"{count} audio_pad tokens but {audio.shape[0]} audio embeddings")
     return embeds.masked_scatter(mask[..., None], audio.to(embeds.dtype))
 
-
-def text_positions(
-    batch: int, length: int, start: int | torch.Tensor = 0, device: torch.device | None = None
-) -> torch.Tensor:
-    """mrope positions [3, B, T] for `length` text/audio tokens that follow `start` earlier tokens of the
-    session (an int, or a [B] tensor when rows have different histories): start..start+T-1 on all rows."""
-    offset = torch.as_tensor(start, device=device).reshape(-1, 1)
-    pos = torch.arange(length, device=offset.device)[None, :] + offset
-    return pos.expand(batch, length)[None].expand(3, batch, length)

@@ -1,10 +1,6 @@
 """The thinker stage: prefills of new turns (`forward.ThinkerPrefill`) and decode steps
-(`forward.ThinkerDecode`), the only compute paths.
-
-A step runs over static buffers: prepare writes each row's input embeddings, positions, block-table
-row and sampling parameters; the step runs as a CUDA graph of the batch's bucket (or eagerly: graphs
-off, or a prefill too long for the fixed shapes, at its own shape); commit reads the ids in one
-device-to-host copy and hands each token on. A thinker-only model (no talker) makes no talker rows.
+(`forward.ThinkerDecode`), the only compute paths. Commit reads the ids in one device-to-host copy and
+hands each token on. A thinker-only model (no talker) makes no talker rows.
 """
 
 from __future__ import annotations

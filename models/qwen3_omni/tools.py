@@ -128,11 +128,6 @@ def tool_response_text(output: str) -> str:
     return f"{TOOL_RESPONSE_START}\n{output}\n{TOOL_RESPONSE_END}"
 
 
-def tool_responses_text(outputs: Iterable[str]) -> str:
-    """The content of the one user turn that carries consecutive function results."""
-    return "\n".join(tool_response_text(o) for o in outputs)
-
-
 def _parse_block(body: str) -> ToolCall | None:
     try:
         obj = json.loads(body)
@@ -157,7 +152,7 @@ def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
     has no non-empty string "name", or whose "arguments" is not a JSON object (or a string holding one) is
     invalid, and the gateway reports it as an error event. Arguments come back as a compact JSON object
     string, as the OpenAI protocol sends them; missing arguments are {}. A block left open at the end (the
-    model stopped early) is read like a closed one. `strip_tool_calls` gives the text around the blocks."""
+    model stopped early) is read like a closed one."""
     calls: list[ToolCall] = []
     invalid: list[str] = []
     for match in _BLOCK.finditer(text):
@@ -168,11 +163,6 @@ def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
         else:
             calls.append(call)
     return calls, invalid
-
-
-def strip_tool_calls(text: str) -> str:
-    """Model output without its tool-call blocks (valid or not), stripped of surrounding whitespace."""
-    return _BLOCK.sub("", text).strip()
 
 
 def with_tools(turns: list[Turn], tools: Tools, tool_choice: str | Mapping = "auto") -> list[Turn]:
