@@ -174,7 +174,7 @@ class Server:
 
     async def speech(self, request: web.Request) -> web.StreamResponse:
         if not self._authorized(request, None):
-            return web.json_response(INVALID_KEY, status=401)
+            return _refuse(401, "invalid_api_key", "Invalid API key")
         return await speak(request, self.pipeline, self.voices, self.cfg.limits)
 
     async def metrics_text(self, request: web.Request) -> web.Response:
@@ -246,7 +246,7 @@ class Server:
             outbox.put(event)
 
         session = RealtimeSession(send, self.pipeline, model, self.metrics, self.cfg.limits, self.audio,
-                                  intent=request.query.get("intent"))
+                                  intent=request.query.get("intent"), voices=self.voices)
         trail = SessionTrail(session.config["id"], model, self.metrics)
         writer = asyncio.create_task(self._write(ws, outbox))
         watchdog = asyncio.create_task(self._watch(ws, request, session, outbox, release))

@@ -21,6 +21,11 @@ from .voice_store import MAX_UPLOAD_BYTES, STORE_RATE, VoiceStore, decode_sample
 SPEECH_VOICES = (*OPENAI_VOICES, "fable", "onyx", "nova")  # /v1/audio/speech knows three more than Realtime
 
 
+def is_custom(voice: Any) -> bool:
+    """`{"id": "voice_..."}`: a stored custom voice (an object with a model voice's name is that voice)."""
+    return isinstance(voice, dict) and isinstance(voice.get("id"), str) and voice["id"].startswith("voice_")
+
+
 class CustomVoices:
     """Turns a request's `voice` into GenerationOptions fields for the served model."""
 
@@ -33,8 +38,8 @@ class CustomVoices:
         if isinstance(voice, dict):
             if set(voice) != {"id"} or not isinstance(voice["id"], str):
                 raise ValueError(f"'{where}' must be a voice name or an object {{\"id\": \"voice_...\"}}.")
-            if voice["id"].startswith("voice_"):
-                return self._custom(voice["id"], where)
+            if is_custom(voice):
+                return self.custom(voice["id"], where)
             voice = voice["id"]
         if not isinstance(voice, str):
             raise ValueError(f"'{where}' must be a voice name or an object {{\"id\": \"voice_...\"}}.")
@@ -46,12 +51,15 @@ class CustomVoices:
             raise ValueError(f"Invalid value for '{where}': {e}, one of OpenAI's voices (which map to its "
                              f"default), or a custom voice {{\"id\": \"voice_...\"}}.") from None
 
-    def _custom(self, voice_id: str, where: str) -> dict:
+    def custom(self, voice_id: str, where: str = "voice", load: bool = True) -> dict:
+        """{"reference_audio": ...} for a stored voice (`load` False: only check that this model can use it)."""
         if not self.spec.clones:
             raise ValueError(f"This model ({self.spec.name}) cannot speak in a custom voice (it does not clone "
                              f"voices): set '{where}' to one of its voices ({', '.join(self.spec.voices)}).")
         if self.store is None or self.store.voice(voice_id) is None:
             raise LookupError(f"No custom voice found with id '{voice_id}'.")
+        if not load:
+            return {}
         rate = self.spec.input_rate or self.spec.output_rate
         audio = torch.from_numpy(self.store.audio(voice_id))
         return {"reference_audio": resample(audio, STORE_RATE, rate) if rate != STORE_RATE else audio}
