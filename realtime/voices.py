@@ -53,11 +53,11 @@ class CustomVoices:
 
     def custom(self, voice_id: str, where: str = "voice", load: bool = True) -> dict:
         """{"reference_audio": ...} for a stored voice (`load` False: only check that this model can use it)."""
+        if self.store is None or self.store.voice(voice_id) is None:
+            raise LookupError(f"No custom voice found with id '{voice_id}'.")
         if not self.spec.clones:
             raise ValueError(f"This model ({self.spec.name}) cannot speak in a custom voice (it does not clone "
                              f"voices): set '{where}' to one of its voices ({', '.join(self.spec.voices)}).")
-        if self.store is None or self.store.voice(voice_id) is None:
-            raise LookupError(f"No custom voice found with id '{voice_id}'.")
         if not load:
             return {}
         rate = self.spec.input_rate or self.spec.output_rate
