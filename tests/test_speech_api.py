@@ -147,8 +147,8 @@ def test_without_the_key_nothing_is_spoken(server) -> None:
 
 def test_a_model_that_does_not_read_aloud_says_so(tmp_path: Path) -> None:
     pipeline = build_pipeline("tiny-thinker")
-    with pipeline, running(pipeline, ServerConfig(data_dir=tmp_path)) as (url, _):
-        with pytest.raises(openai.BadRequestError) as e:
-            OpenAI(base_url=url, api_key="none", max_retries=0).audio.speech.create(model="tts-1", input=TEXT,
-                                                                                   voice="alloy")
+    with pipeline, running(pipeline, ServerConfig(data_dir=tmp_path)) as (url, _), \
+            pytest.raises(openai.BadRequestError) as e:
+        OpenAI(base_url=url, api_key="none", max_retries=0).audio.speech.create(model="tts-1", input=TEXT,
+                                                                               voice="alloy")
     assert e.value.body["code"] == "model_not_supported" and "does not read text aloud" in e.value.body["message"]
