@@ -98,6 +98,7 @@ class Server:
         self.readiness = Readiness(pipeline, self.metrics, cfg.max_sessions, lambda: self.drain.draining)
         self.voice_store = VoiceStore(cfg.data_dir or default_data_dir())
         self.voices = CustomVoices(pipeline.spec, self.voice_store)
+        self.speaking = 0  # /v1/audio/speech requests in flight (at most max_sessions)
         redact_logs(cfg.api_key)
         _return_large_frees()
 
@@ -175,7 +176,15 @@ class Server:
     async def speech(self, request: web.Request) -> web.StreamResponse:
         if not self._authorized(request, None):
             return _refuse(401, "invalid_api_key", "Invalid API key")
-        return await speak(request, self.pipeline, self.voices, self.cfg.limits)
+        if self.drain.refusing():
+            return _refuse(503, "server_draining", "The server is shutting down: try another replica.")
+        if self.speaking >= self.cfg.max_sessions:
+            return _refuse(429, "rate_limit_exceeded", f"Too many speech requests at once ({self.speaking}).")
+        self.speaking += 1
+        try:
+            return await speak(request, self.pipeline, self.voices, self.cfg.limits)
+        finally:
+            self.speaking -= 1
 
     async def metrics_text(self, request: web.Request) -> web.Response:
         if not self._authorized(request, None):

@@ -16,6 +16,7 @@ import pytest
 from openai import OpenAI
 
 from models.registry import build_pipeline
+from pipelines.pipeline import Pipeline
 from realtime.server import ServerConfig
 from realtime.session import Limits
 from tests.audio_files import decode
@@ -28,17 +29,17 @@ SLACK = {"mp3": 2 * 1152, "aac": 2 * 1024, "opus": 0, "flac": 0, "wav": 0}  # th
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OpenAI, str]]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[OpenAI, str, Pipeline]]:
     pipeline = build_pipeline("tiny-tts")
     cfg = ServerConfig(api_key=KEY, data_dir=tmp_path_factory.mktemp("data"), limits=Limits(max_frames=FRAMES))
     with pipeline, running(pipeline, cfg) as (url, _):
-        yield OpenAI(base_url=url, api_key=KEY, max_retries=0, timeout=300), url
+        yield OpenAI(base_url=url, api_key=KEY, max_retries=0, timeout=300), url, pipeline
 
 
 @pytest.fixture(scope="module")
 def reference(server: tuple[OpenAI, str]) -> np.ndarray:
     """One reply as pcm: the tiny model samples with a fixed seed, so every request of TEXT says the same."""
-    client, _ = server
+    client, _, _ = server
     pcm = np.frombuffer(client.audio.speech.create(model="tts-1", input=TEXT, voice="alloy",
                                                    response_format="pcm").content, "<i2")
     assert len(pcm) and len(pcm) % 1920 == 0 and len(pcm) // 1920 <= FRAMES  # whole 80 ms frames at 24 kHz
@@ -48,7 +49,7 @@ def reference(server: tuple[OpenAI, str]) -> np.ndarray:
 
 @pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac", "wav"])
 def test_every_format_decodes_to_the_rate_and_length(server, reference, fmt: str) -> None:
-    client, _ = server
+    client, _, _ = server
     data = client.audio.speech.create(model="tts-1", input=TEXT, voice="alloy", response_format=fmt).content
     rate, n, _ = decode(data)
     want_rate = 48000 if fmt == "opus" else 24000
@@ -58,7 +59,7 @@ def test_every_format_decodes_to_the_rate_and_length(server, reference, fmt: str
 
 
 def test_same_reply_twice_and_model_voices(server, reference) -> None:
-    client, _ = server
+    client, _, _ = server
     again = client.audio.speech.create(model="gpt-4o-mini-tts", input=TEXT, voice="vivian", response_format="pcm")
     assert np.array_equal(np.frombuffer(again.content, "<i2"), reference)  # alloy is the model's default, vivian
     other = client.audio.speech.create(model="x", input=TEXT, voice="ryan", response_format="pcm",
@@ -67,7 +68,7 @@ def test_same_reply_twice_and_model_voices(server, reference) -> None:
 
 
 def test_speed_scales_the_length_keeping_the_rate(server, reference) -> None:
-    client, _ = server
+    client, _, _ = server
     for speed in (2.0, 0.5):
         data = client.audio.speech.create(model="tts-1", input=TEXT, voice="alloy", response_format="pcm",
                                           speed=speed).content
@@ -75,7 +76,7 @@ def test_speed_scales_the_length_keeping_the_rate(server, reference) -> None:
 
 
 def test_stream_format_audio_arrives_in_chunks_as_made(server, reference) -> None:
-    client, _ = server
+    client, _, _ = server
     start, times, chunks = time.perf_counter(), [], []
     with client.audio.speech.with_streaming_response.create(model="tts-1", input=TEXT, voice="alloy",
                                                             response_format="pcm", stream_format="audio") as r:
@@ -89,7 +90,7 @@ def test_stream_format_audio_arrives_in_chunks_as_made(server, reference) -> Non
 
 
 def test_sse_events_carry_the_audio_and_usage(server, reference) -> None:
-    client, _ = server
+    client, _, _ = server
     with client.audio.speech.with_streaming_response.create(model="tts-1", input=TEXT, voice="alloy",
                                                             response_format="pcm", stream_format="sse") as r:
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -104,7 +105,7 @@ def test_sse_events_carry_the_audio_and_usage(server, reference) -> None:
 
 
 def test_sse_in_another_format_decodes(server, reference) -> None:
-    client, _ = server
+    client, _, _ = server
     with client.audio.speech.with_streaming_response.create(model="tts-1", input=TEXT, voice="alloy",
                                                             response_format="wav", stream_format="sse") as r:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
@@ -123,7 +124,7 @@ def test_sse_in_another_format_decodes(server, reference) -> None:
     ({"stream_format": "chunks"}, 400, "stream_format", "audio, sse"),
 ])
 def test_bad_requests_get_openai_errors(server, change: dict, status: int, param: str, text: str) -> None:
-    client, _ = server
+    client, _, _ = server
     args = {"model": "tts-1", "input": TEXT, "voice": "alloy"} | change
     with pytest.raises(openai.APIStatusError) as e:
         client.audio.speech.create(**args)
@@ -133,16 +134,39 @@ def test_bad_requests_get_openai_errors(server, change: dict, status: int, param
 
 
 def test_the_input_limit_is_inclusive(server) -> None:
-    client, _ = server
+    client, _, _ = server
     data = client.audio.speech.create(model="tts-1", input="a" * 4096, voice="alloy", response_format="pcm")
     assert len(data.content) > 0
 
 
 def test_without_the_key_nothing_is_spoken(server) -> None:
-    _, url = server
+    _, url, _ = server
     with pytest.raises(openai.AuthenticationError):
         OpenAI(base_url=url, api_key="wrong", max_retries=0).audio.speech.create(model="tts-1", input=TEXT,
                                                                                 voice="alloy")
+
+
+def idle(pipeline: Pipeline, timeout_s: float = 30.0) -> dict:
+    """The engine's counters once no turn or session is left (or as they are at the timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        counters = pipeline.stats()
+        if counters["turns_active"] == 0 and counters["sessions"] == 0 or time.monotonic() > deadline:
+            return counters
+        time.sleep(0.05)
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_turn(server) -> None:
+    client, _, pipeline = server
+    with client.audio.speech.with_streaming_response.create(model="tts-1", input=TEXT, voice="alloy",
+                                                            response_format="mp3") as r:
+        assert next(r.iter_bytes())  # one chunk, then the client goes away
+    counters = idle(pipeline)
+    assert counters["turns_active"] == 0 and counters["sessions"] == 0
+    assert counters["turns_started"] == counters["turns_ended"] > 0
+    assert not any(counters["kv_blocks"].values()), counters["kv_blocks"]
+    again = client.audio.speech.create(model="tts-1", input=TEXT, voice="alloy", response_format="pcm")
+    assert len(again.content) > 0
 
 
 def test_a_model_that_does_not_read_aloud_says_so(tmp_path: Path) -> None:
