@@ -19,6 +19,7 @@ $(RUNTIME): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e .
+	$(PY) -m realtime.turn_model fetch  # Smart Turn v3.2 for semantic_vad, from the pipecat-ai wheel (SHA-256 pinned)
 	touch $(RUNTIME)
 
 $(DEV): $(RUNTIME)

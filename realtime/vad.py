@@ -1,46 +1,50 @@
-"""Server-side turn detection on the input audio: `server_vad` and `semantic_vad`, both driven by WebRTC's VAD.
+"""Server-side turn detection on the input audio: `server_vad` on Silero VAD, `semantic_vad` adding Smart Turn v3.2.
 
-Audio arrives as float32 at the model's input rate (resampled to 16 kHz if WebRTC does not read that rate) in
-any chunk size and is judged in 30 ms frames (a remainder waits for the next push). Positions are integer ms of
-input audio since `reset(origin_ms)` (0 at construction), so events fall on 30 ms frame boundaries.
+Audio arrives as float32 at the model's input rate (resampled to 16 kHz otherwise) in any chunk size and is judged
+in 32 ms frames (Silero's 512 samples; a remainder waits for the next push). Positions are integer ms of input audio
+since `reset(origin_ms)` (0 at construction), so events fall on 32 ms frame boundaries.
 
-- `threshold` (0..1) -> webrtcvad aggressiveness by quartiles: [0, .25) -> 0, [.25, .5) -> 1, [.5, .75) -> 2,
-  [.75, 1] -> 3 (the default 0.5 -> 2). Higher means fewer frames count as speech, as OpenAI's threshold does.
-- WebRTC's noise model starts untrained: it flags the first ~6 frames of even -80 dBFS noise as speech. The first
-  `WARMUP_FRAMES` (300 ms) after construction only train it and count as unvoiced; `reset` keeps the trained model.
-- Speech starts after a run of consecutive voiced frames, so clicks never open a turn. WebRTC extends every voiced
-  frame by a hangover (3 frames at aggressiveness 0-1, 2 at 2-3); measured on clicks of 0.2-25 ms in noise, the
-  longest voiced run was 6 frames at 0-1 and 4 at 2-3, so the run needed is 7 frames (210 ms) at 0-1 and 5
-  (150 ms) at 2-3 (`min_speech_ms` overrides it). `SpeechStarted.audio_start_ms` is the first voiced frame of the
-  run minus `prefix_padding_ms`, clamped at the origin.
-- Speech stops once `silence_duration_ms` of consecutive unvoiced frames (rounded up to whole frames) follow it.
-  As in OpenAI's protocol, `SpeechStopped.audio_end_ms` is that detection point, so it includes the silence;
-  `speech_end_ms` is the end of the last voiced frame.
+- `threshold` (0..1) is Silero's speech probability, as OpenAI documents it ("a higher threshold will require
+  louder audio to activate the model"): a frame opens speech at probability >= threshold. Inside speech a frame
+  counts as silence below `threshold - 0.15` (at least 0.01): Silero's own hysteresis, so a word's soft edges
+  do not end the turn.
+- Speech starts after `min_speech_ms` (default 96 ms, 3 frames) of consecutive speech frames, so clicks never open
+  a turn. `SpeechStarted.audio_start_ms` is the first speech frame of the run minus `prefix_padding_ms`, clamped
+  at the origin.
+- server_vad: speech stops once `silence_duration_ms` of consecutive silence frames (rounded up to whole frames)
+  follow it. As in OpenAI's protocol, `SpeechStopped.audio_end_ms` is that detection point, so it includes the
+  silence; `speech_end_ms` is the end of the last speech frame.
+- semantic_vad: once a pause reaches the preset's `candidate_ms`, Smart Turn reads the turn's last 8 s; at
+  `confidence` or more the turn ends there, else it is asked again after each further `candidate_ms` of pause, up
+  to `asks` times, and the turn ends at `max_silence_ms` whatever it says (`EAGERNESS`, realtime/turn_presets.py).
+  Without the model file the session is served as server_vad with `silence_duration_ms` by eagerness (low 1000,
+  medium and auto 500, high 250) and a warning in the log.
 - `idle_timeout_ms` (server_vad only): `arm_idle(at_ms)` starts the timer, on the audio clock, e.g. when the
   last response finished playing; once that much audio passes with no speech, `push` (or `idle(now_ms)`) yields
   one `IdleTimeout(audio_start_ms, audio_end_ms)`. Speech disarms it.
-- `semantic_vad` has no semantic model behind it here: it is served as server_vad with the defaults above and
-  `silence_duration_ms` chosen by eagerness: low 1000, medium 500, auto 500, high 250.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-import webrtcvad
 
-from .pcm import float_to_pcm16, resample
+from .pcm import resample
+from .silero import FRAME, FRAME_MS, RATE, SileroStream
+from .smart_turn import WINDOW, SmartTurn
+from .turn_presets import EAGERNESS, Eagerness
 
-WEBRTC_RATES = (8000, 16000, 32000, 48000)  # the rates WebRTC's VAD reads; others are resampled
-FRAME_MS = 30
-WARMUP_FRAMES = 10
-_START_MS = (210, 210, 150, 150)  # by aggressiveness
-EAGERNESS_SILENCE_MS = {"low": 1000, "medium": 500, "auto": 500, "high": 250}
+log = logging.getLogger(__name__)
+MIN_SPEECH_MS = 96
+HYSTERESIS = 0.15
+EAGERNESS_SILENCE_MS = {"low": 1000, "medium": 500, "auto": 500, "high": 250}  # the fallback without Smart Turn
 _COMMON_KEYS = ("type", "create_response", "interrupt_response")
 _SERVER_KEYS = (*_COMMON_KEYS, "threshold", "prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms")
 _SEMANTIC_KEYS = (*_COMMON_KEYS, "eagerness")
@@ -104,11 +108,6 @@ class VadConfig:
         keys = _SEMANTIC_KEYS if self.type == "semantic_vad" else _SERVER_KEYS
         return {k: getattr(self, k) for k in keys}
 
-    @property
-    def aggressiveness(self) -> int:
-        return min(3, int(self.threshold * 4))
-
-
 @dataclass(frozen=True)
 class SpeechStarted:
     audio_start_ms: int
@@ -135,23 +134,35 @@ class ServerVad:
     def __init__(self, cfg: VadConfig, rate: int) -> None:
         """`rate`: of the audio pushed (the model's input rate)."""
         self.cfg, self.rate = cfg, rate
-        self._vad_rate = rate if rate in WEBRTC_RATES else WEBRTC_RATES[1]
-        self._frame_bytes = self._vad_rate * FRAME_MS // 1000 * 2
-        self._vad = webrtcvad.Vad(cfg.aggressiveness)
-        min_ms = cfg.min_speech_ms or _START_MS[cfg.aggressiveness]
-        self._start_frames = math.ceil(min_ms / FRAME_MS)
+        self._silero = SileroStream()
+        self._on, self._off = cfg.threshold, max(cfg.threshold - HYSTERESIS, 0.01)
+        self._start_frames = math.ceil((cfg.min_speech_ms or MIN_SPEECH_MS) / FRAME_MS)
         self._stop_frames = math.ceil(cfg.silence_duration_ms / FRAME_MS)
-        self._warmup = WARMUP_FRAMES
+        self._turn: SmartTurn | None = None
+        self.eagerness: Eagerness | None = None
+        if cfg.type == "semantic_vad":
+            try:
+                self._turn, self.eagerness = SmartTurn(), EAGERNESS[cfg.eagerness or "auto"]
+            except FileNotFoundError as e:
+                log.warning("semantic_vad served as server_vad (silence %d ms): %s", cfg.silence_duration_ms, e)
         self.reset()
 
+    @property
+    def semantic(self) -> bool:
+        """True when Smart Turn judges the pauses (semantic_vad with its model file)."""
+        return self._turn is not None
+
     def reset(self, origin_ms: int = 0) -> None:
-        self._pending = b""
+        self._pending = np.zeros(0, np.float32)
+        self._recent: deque[np.ndarray] = deque(maxlen=WINDOW // FRAME)  # the last 8 s, for Smart Turn
         self._origin = origin_ms
         self._frames = 0  # frames judged since the origin
         self._speaking = False
-        self._run = 0  # consecutive voiced frames (before speech) or unvoiced frames (during speech)
+        self._run = 0  # consecutive speech frames (before speech) or silence frames (during speech)
+        self._turn_frames = 0  # frames since the turn's speech began (with its padding)
         self._last_voiced_end = origin_ms
         self._idle_since: int | None = None
+        self._silero.reset()
 
     @property
     def position_ms(self) -> int:
@@ -160,16 +171,14 @@ class ServerVad:
 
     def push(self, audio: np.ndarray | torch.Tensor) -> list[VadEvent]:
         x = audio if isinstance(audio, torch.Tensor) else torch.from_numpy(np.array(audio, np.float32))
-        data = self._pending + float_to_pcm16(resample(x.reshape(-1), self.rate, self._vad_rate))
-        size = self._frame_bytes
-        n = len(data) // size * size
-        self._pending = data[n:]
+        data = np.concatenate([self._pending, resample(x.reshape(-1).float(), self.rate, RATE).numpy()])
+        n = len(data) // FRAME * FRAME
+        self._pending = data[n:].copy()
         events: list[VadEvent] = []
-        for i in range(0, n, size):
-            voiced = self._vad.is_speech(data[i : i + size], self._vad_rate)
-            if self._warmup:
-                self._warmup, voiced = self._warmup - 1, False
-            event = self._frame(voiced)
+        for i in range(0, n, FRAME):
+            frame = data[i : i + FRAME]
+            self._recent.append(frame)
+            event = self._frame(self._silero.frame(frame))
             timeout = self.idle(self.position_ms)
             events += [e for e in (event, timeout) if e is not None]
         return events
@@ -187,22 +196,38 @@ class ServerVad:
         self._idle_since = None
         return IdleTimeout(since, now_ms)
 
-    def _frame(self, voiced: bool) -> VadEvent | None:
+    def _frame(self, prob: float) -> VadEvent | None:
         self._frames += 1
+        self._turn_frames += 1
         end = self.position_ms
         if not self._speaking:
-            self._run = self._run + 1 if voiced else 0
+            self._run = self._run + 1 if prob >= self._on else 0
             if self._run < self._start_frames:
                 return None
             self._speaking, self._run, self._idle_since = True, 0, None
             self._last_voiced_end = end
             onset = end - self._start_frames * FRAME_MS
-            return SpeechStarted(max(self._origin, onset - self.cfg.prefix_padding_ms))
-        if voiced:
+            start = max(self._origin, onset - self.cfg.prefix_padding_ms)
+            self._turn_frames = (end - start) // FRAME_MS
+            return SpeechStarted(start)
+        if prob >= self._off:
             self._run, self._last_voiced_end = 0, end
             return None
         self._run += 1
-        if self._run < self._stop_frames:
+        if not self._turn_ends():
             return None
         self._speaking, self._run = False, 0
         return SpeechStopped(end, self._last_voiced_end)
+
+    def _turn_ends(self) -> bool:
+        """Whether the pause of `self._run` silence frames ends the turn."""
+        if self._turn is None or self.eagerness is None:
+            return self._run >= self._stop_frames
+        e, pause_ms = self.eagerness, self._run * FRAME_MS
+        if pause_ms >= e.max_silence_ms:
+            return True
+        candidate_frames = math.ceil(e.candidate_ms / FRAME_MS)
+        if self._run % candidate_frames or self._run // candidate_frames > e.asks:
+            return False
+        turn = list(self._recent)[-min(self._turn_frames, len(self._recent)) :]
+        return self._turn.complete(np.concatenate(turn)) >= e.confidence

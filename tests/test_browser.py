@@ -20,12 +20,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+from benchmarks.turn_corpus import speak
 from models.registry import build_pipeline
+from realtime.pcm import resample
 from realtime.server import ServerConfig
 from realtime.session import Limits
 from tests.realtime_server import running
-from tests.speech import speech_in_silence
 
 try:
     from playwright.sync_api import BrowserContext, Page, sync_playwright
@@ -84,10 +86,16 @@ def chromium() -> str:
 
 @pytest.fixture(scope="module")
 def wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """1 s of near-silence, 1.5 s of speech, then 20 s of near-silence, so Chromium's looping of the file
-    never starts a second turn within a test."""
-    u = speech_in_silence(lead_s=1.0, speech_s=1.5, tail_s=20.0, sr=48000)
-    return write_wav(tmp_path_factory.mktemp("mic") / "speech.wav", u.audio, u.sr)
+    """1 s of silence, a spoken question (espeak-ng, ~1.5 s), then 20 s of silence, so Chromium's looping of the
+    file never starts a second turn within a test."""
+    return write_wav(tmp_path_factory.mktemp("mic") / "speech.wav", _spoken(1.0, "How are you today?", 20.0), 48000)
+
+
+def _spoken(lead_s: float, text: str, tail_s: float) -> np.ndarray:
+    """espeak-ng speech at 48 kHz between silences (Silero VAD adapts to a synthetic buzz within a stream)."""
+    speech = resample(torch.from_numpy(speak(text)), 16000, 48000).numpy()
+    return np.concatenate([np.zeros(round(lead_s * 48000), np.float32), speech,
+                           np.zeros(round(tail_s * 48000), np.float32)])
 
 
 def write_wav(path: Path, audio: np.ndarray, sr: int) -> Path:
@@ -101,10 +109,10 @@ def write_wav(path: Path, audio: np.ndarray, sr: int) -> Path:
 
 @pytest.fixture(scope="module")
 def two_turns_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Speech at 1.0-2.5 s, then again at 4.0-5.5 s: the second burst talks over the first reply."""
-    first = speech_in_silence(lead_s=1.0, speech_s=1.5, tail_s=1.5, sr=48000, seed=0)
-    second = speech_in_silence(lead_s=0.0, speech_s=1.5, tail_s=20.0, sr=48000, seed=1)
-    return write_wav(tmp_path_factory.mktemp("mic2") / "two.wav", np.concatenate([first.audio, second.audio]), 48000)
+    """A question at 1 s, then 3 s after it ends another: the second talks over the first reply."""
+    audio = np.concatenate([_spoken(1.0, "What is the weather like today?", 3.0),
+                            _spoken(0.0, "Wait, tell me about Paris instead.", 40.0)])
+    return write_wav(tmp_path_factory.mktemp("mic2") / "two.wav", audio, 48000)
 
 
 @pytest.fixture(scope="module")
@@ -418,7 +426,8 @@ def test_barge_in_cuts_the_bubble_to_what_was_heard(pipeline, chromium: str, two
         assert bubble.locator(".text").text_content() == heard
         assert len(heard) < len(full), (heard, full)  # cut: less than was generated
         assert "interrupted" in bubble.get_attribute("class")
-        assert page.locator(".turn.assistant").count() == 2  # and the interruption got its own answer
+        events = [e for e in browser.state()["demo"]["events"] if "delta" not in e]
+        assert page.locator(".turn.assistant").count() == 2, events  # and the interruption got its own answer
     print(f"barge-in in the browser: {time.monotonic() - t0:.1f} s (heard {cut['audio_end_ms']} ms)")
 
 

@@ -14,6 +14,7 @@ import pytest
 from openai.types.realtime import ResponseCreateEvent, SessionUpdateEvent
 from pydantic import ValidationError
 
+from benchmarks.turn_corpus import utterance
 from models.registry import build_pipeline
 from realtime.server import ServerConfig
 from realtime.session import Limits
@@ -263,7 +264,8 @@ def test_pipecat_realtime_stt_gets_a_transcript_per_utterance(server):
     stt = OpenAIRealtimeSTTService(api_key="unused", base_url=url.replace("http", "ws") + "/realtime",
                                    settings=OpenAIRealtimeSTTService.Settings(model="gpt-4o-transcribe"),
                                    turn_detection={"type": "server_vad", "silence_duration_ms": 300})
-    audio = np.concatenate([speech_in_silence(0.6, 1.0, 0.8, sr=16000, seed=s).audio for s in (5, 6)])
+    # espeak-ng speech: Silero stops hearing tests/speech.py's synthetic buzz in a second turn of one stream
+    audio = np.concatenate([utterance(s, "whole", lead_ms=600, tail_ms=800).audio for s in (5, 6)])
     pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
     step = 16000 * 2 // 20  # 50 ms
     chunks = [InputAudioRawFrame(audio=pcm[i : i + step], sample_rate=16000, num_channels=1)

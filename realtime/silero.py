@@ -1,0 +1,48 @@
+"""Silero VAD (PyPI `silero-vad`, MIT) as a per-session stream of speech probabilities, on its ONNX model.
+
+One onnxruntime session (single-threaded) is shared by every stream; each stream keeps its own recurrent state
+and the 64-sample context the model reads before each 512-sample (32 ms) frame at 16 kHz. The ONNX model is used
+rather than the TorchScript one: measured on this 2-core machine, 0.79 ms a frame vs 2.15 ms (JIT), i.e. about
+25 ms of one core per second of a session's audio.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+
+import numpy as np
+import onnxruntime as ort
+
+RATE = 16000
+FRAME = 512  # samples per judged frame at 16 kHz (32 ms): the only frame size the model takes
+FRAME_MS = FRAME * 1000 // RATE
+_CONTEXT = 64
+
+
+@lru_cache(maxsize=1)
+def _session() -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.inter_op_num_threads = opts.intra_op_num_threads = 1
+    path = resources.files("silero_vad.data").joinpath("silero_vad.onnx")
+    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+class SileroStream:
+    """Speech probability (0..1) of each 32 ms frame of a 16 kHz stream; `reset` starts a new stream."""
+
+    def __init__(self) -> None:
+        self._model = _session()
+        self._sr = np.array(RATE, np.int64)
+        self.reset()
+
+    def reset(self) -> None:
+        self._state = np.zeros((2, 1, 128), np.float32)
+        self._context = np.zeros(_CONTEXT, np.float32)
+
+    def frame(self, x: np.ndarray) -> float:
+        """The speech probability of one frame of FRAME float32 samples in [-1, 1]."""
+        inp = np.concatenate([self._context, x.astype(np.float32, copy=False)])[None]
+        out, self._state = self._model.run(None, {"input": inp, "state": self._state, "sr": self._sr})
+        self._context = inp[0, -_CONTEXT:]
+        return float(out[0, 0])
