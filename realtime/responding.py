@@ -86,9 +86,11 @@ class Responding:
             tool_choice=cfg["tool_choice"],
         )
         turn = Turn(session, messages, opts)
+        voice = cfg["audio"]["output"]["voice"]
+        voice = voice["id"] if isinstance(voice, dict) else voice  # a response names its voice by a string
         response = Response(self.send, None if out_of_band else self.conversation, modality,
                             AudioFormat.from_config(cfg["audio"]["output"]["format"]),
-                            cfg["audio"]["output"]["voice"], limit, spec.get("metadata"), turn_id=turn.turn_id,
+                            voice, limit, spec.get("metadata"), turn_id=turn.turn_id,
                             started=self.committed_at or time.perf_counter(), rate=self.pipeline.spec.output_rate)
         response.on_audio_start = self.metrics.first_audio
         response.speed = float(cfg["audio"]["output"]["speed"])
