@@ -3,11 +3,14 @@ whether it speaks, transcribes and calls tools. What it cannot do is refused wit
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines.spec import ModelSpec
 
 from .protocol import ProtocolError
+
+if TYPE_CHECKING:
+    from .voices import CustomVoices
 
 # OpenAI's built-in voices: a client written for OpenAI sends one of these; each gets the model's default voice
 OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar")
@@ -26,7 +29,23 @@ def model_voice(voice: Any, spec: ModelSpec, where: str = "session.audio.output.
                             f"({', '.join(OPENAI_VOICES)}), which map to its default.", where) from None
 
 
-def check_config(cfg: dict, spec: ModelSpec, where: str = "session") -> dict:
+def voice_options(voice: Any, spec: ModelSpec, voices: CustomVoices | None, where: str, load: bool = True) -> dict:
+    """GenerationOptions' voice fields for a session's `voice`: a model voice, or a custom voice's reference audio
+    (`{"id": "voice_..."}`, from the voice store, for a model that clones; `load` False: only checked)."""
+    from .voices import is_custom
+
+    if not is_custom(voice):
+        return {"voice": model_voice(voice, spec, where)}
+    if voices is None:
+        raise ProtocolError("invalid_value", f"Invalid value for '{where}': custom voices are not available here.",
+                            where)
+    try:
+        return voices.custom(voice["id"], where, load)
+    except (ValueError, LookupError) as e:
+        raise ProtocolError("invalid_value", str(e), where) from None
+
+
+def check_config(cfg: dict, spec: ModelSpec, where: str = "session", voices: CustomVoices | None = None) -> dict:
     """`cfg` (a session's config, or a response's: the session's with its overrides) if the model can serve it."""
     if (cfg.get("type") == "transcription" or cfg["audio"]["input"].get("transcription")) and not spec.transcribes:
         raise ProtocolError("invalid_value", f"This model ({spec.name}) cannot transcribe audio: leave "
@@ -40,5 +59,5 @@ def check_config(cfg: dict, spec: ModelSpec, where: str = "session") -> dict:
     if cfg["tools"] and not spec.tools:
         raise ProtocolError("invalid_value", f"This model ({spec.name}) cannot call tools: leave 'tools' empty.",
                             f"{where}.tools")
-    model_voice(cfg["audio"]["output"]["voice"], spec, f"{where}.audio.output.voice")
+    voice_options(cfg["audio"]["output"]["voice"], spec, voices, f"{where}.audio.output.voice", load=False)
     return cfg

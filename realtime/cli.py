@@ -12,6 +12,7 @@ import socket
 import ssl
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import numpy as np
 
@@ -98,6 +99,9 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--drain-notice-seconds", type=float, default=0.0,
                        help="keep taking new sessions this long after SIGTERM (the proxy's time to see "
                             "/health/ready turn 503)")
+    serve.add_argument("--data-dir", type=Path, default=None,
+                       help="where custom voices are kept (default: $XDG_DATA_HOME/omni-realtime, else "
+                            "~/.local/share/omni-realtime)")
     gen = sub.add_parser("generate", help="answer one turn offline through the streaming pipeline",
                          formatter_class=HelpFormatter,
                          description="Answer one user turn (audio, text or both) offline through the same streaming "
@@ -265,7 +269,7 @@ def serve(args: argparse.Namespace) -> int:
     cfg = ServerConfig(model_name=args.model_name, api_key=key or None, max_sessions=args.max_sessions,
                        max_session_s=args.max_session_minutes * 60, limits=limits, bind_host=args.host,
                        allowed_origins=origins, max_sessions_per_client=args.max_sessions_per_client,
-                       drain=DrainConfig(args.drain_seconds, args.drain_notice_seconds))
+                       drain=DrainConfig(args.drain_seconds, args.drain_notice_seconds), data_dir=args.data_dir)
     startup_line(args, sock, ssl_context is not None)
     run(pipeline, cfg, sock, ssl_context)
     return 0

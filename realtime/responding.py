@@ -11,7 +11,7 @@ from pipelines.types import Event, GenerationOptions, Message, Turn, TurnError
 
 from . import logs
 from .audio import AudioFormat
-from .capabilities import check_config, model_voice
+from .capabilities import check_config, voice_options
 from .items import Item, item_from_client, to_messages
 from .protocol import SERVER_ERROR, ProtocolError, check_metadata, clip, merge_update, new_id
 from .response import Response
@@ -62,7 +62,8 @@ class Responding:
             raise ProtocolError("unknown_parameter", f"Unknown parameter: 'response.{unknown[0]}'.",
                                 f"response.{unknown[0]}")
         overrides = {k: v for k, v in spec.items() if k not in ("conversation", "metadata", "input")}
-        cfg = check_config(merge_update(self.config, overrides, path="response"), self.pipeline.spec, "response")
+        cfg = check_config(merge_update(self.config, overrides, path="response"), self.pipeline.spec, "response",
+                           self.voices)
         if spec.get("conversation", "auto") not in ("auto", "none"):
             raise ProtocolError("invalid_value", "conversation must be 'auto' or 'none'", "response.conversation")
         check_metadata(spec.get("metadata"), "response.metadata")
@@ -71,8 +72,9 @@ class Responding:
     def _turn_options(self, cfg: dict) -> GenerationOptions:
         limit = cfg["max_output_tokens"]
         return GenerationOptions(
-            audio=cfg["output_modalities"][0] == "audio",
-            voice=model_voice(cfg["audio"]["output"]["voice"], self.pipeline.spec),
+            audio=cfg["output_modalities"][0] == "audio", **voice_options(cfg["audio"]["output"]["voice"],
+                                                                          self.pipeline.spec, self.voices,
+                                                                          "response.audio.output.voice"),
             max_text_tokens=self.limits.max_text_tokens if limit == "inf" else limit,
             max_frames=self.limits.max_frames if limit == "inf" else min(limit, self.limits.max_frames),
             tools=tuple(cfg["tools"]) if cfg["tool_choice"] != "none" else (),
@@ -88,9 +90,11 @@ class Responding:
                                                         self._turn_options(cfg))
         limit = cfg["max_output_tokens"]
         modality = cfg["output_modalities"][0]
+        voice = cfg["audio"]["output"]["voice"]
+        voice = voice["id"] if isinstance(voice, dict) else voice  # a response names its voice by a string
         response = Response(self.send, None if out_of_band else self.conversation, modality,
                             AudioFormat.from_config(cfg["audio"]["output"]["format"]),
-                            cfg["audio"]["output"]["voice"], limit, spec.get("metadata"), turn_id=turn.turn_id,
+                            voice, limit, spec.get("metadata"), turn_id=turn.turn_id,
                             started=self.committed_at or time.perf_counter(), rate=self.pipeline.spec.output_rate)
         response.on_audio_start = self.metrics.first_audio
         response.speed = float(cfg["audio"]["output"]["speed"])

@@ -28,6 +28,9 @@ from .protocol import MAX_EVENT_CHARS, ProtocolError
 from .readiness import Readiness
 from .security import KEY_PROTOCOL, Gate, is_loopback, key_matches, redact_logs
 from .session import Limits, RealtimeSession
+from .speech import speak
+from .voice_store import VoiceStore, default_data_dir
+from .voices import CustomVoices, VoiceApi
 
 log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).resolve().parents[1] / "web"
@@ -49,6 +52,7 @@ class ServerConfig:
     audio_workers: int = 2  # threads for the sessions' audio work
     limits: Limits = Limits()
     drain: DrainConfig = DrainConfig()
+    data_dir: Path | None = None  # custom voices (None: voice_store.default_data_dir())
 
 
 class Outbox:
@@ -92,6 +96,9 @@ class Server:
         self.audio = ThreadPoolExecutor(cfg.audio_workers, thread_name_prefix="audio")
         self.drain = Drain(cfg.drain, lambda: self.metrics.sessions)
         self.readiness = Readiness(pipeline, self.metrics, cfg.max_sessions, lambda: self.drain.draining)
+        self.voice_store = VoiceStore(cfg.data_dir or default_data_dir())
+        self.voices = CustomVoices(pipeline.spec, self.voice_store)
+        self.speaking = 0  # /v1/audio/speech requests in flight (at most max_sessions)
         redact_logs(cfg.api_key)
         _return_large_frees()
 
@@ -103,6 +110,8 @@ class Server:
         app.on_startup.append(self.readiness.on_startup)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics_text)
+        app.router.add_post("/v1/audio/speech", self.speech)
+        VoiceApi(self.voice_store, lambda request: self._authorized(request, None), self.audio).add_routes(app)
         app.on_shutdown.append(self._close_sockets)
         app.on_cleanup.append(self._stop_workers)
         if WEB_DIR.is_dir():
@@ -127,6 +136,7 @@ class Server:
 
     async def _stop_workers(self, app: web.Application) -> None:
         self.audio.shutdown(wait=False, cancel_futures=True)
+        self.voice_store.close()
 
     async def _close(self, ws: web.WebSocketResponse, request: web.Request, code: int, message: bytes) -> None:
         """The close handshake, bounded in time; a client that does not take the close frame is cut off."""
@@ -162,6 +172,19 @@ class Server:
         model = {"id": self.cfg.model_name, "object": "model", "created": int(self.started),
                  "owned_by": "omni-realtime", "capabilities": self.pipeline.spec.capabilities()}
         return web.json_response({"object": "list", "data": [model]})
+
+    async def speech(self, request: web.Request) -> web.StreamResponse:
+        if not self._authorized(request, None):
+            return _refuse(401, "invalid_api_key", "Invalid API key")
+        if self.drain.refusing():
+            return _refuse(503, "server_draining", "The server is shutting down: try another replica.")
+        if self.speaking >= self.cfg.max_sessions:
+            return _refuse(429, "rate_limit_exceeded", f"Too many speech requests at once ({self.speaking}).")
+        self.speaking += 1
+        try:
+            return await speak(request, self.pipeline, self.voices, self.cfg.limits)
+        finally:
+            self.speaking -= 1
 
     async def metrics_text(self, request: web.Request) -> web.Response:
         if not self._authorized(request, None):
@@ -232,7 +255,7 @@ class Server:
             outbox.put(event)
 
         session = RealtimeSession(send, self.pipeline, model, self.metrics, self.cfg.limits, self.audio,
-                                  intent=request.query.get("intent"))
+                                  intent=request.query.get("intent"), voices=self.voices)
         trail = SessionTrail(session.config["id"], model, self.metrics)
         writer = asyncio.create_task(self._write(ws, outbox))
         watchdog = asyncio.create_task(self._watch(ws, request, session, outbox, release))

@@ -38,6 +38,7 @@ from .responding import Responding
 from .response import Response
 from .transcription import transcribe
 from .vad import EndLikely, EndWithdrawn, IdleTimeout, ServerVad, SpeechStarted, VadConfig, VadEvent
+from .voices import CustomVoices
 
 log = logging.getLogger(__name__)
 MAX_APPEND_BYTES = 15 * 1024 * 1024
@@ -61,11 +62,13 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
     min_commit_ms = MIN_COMMIT_MS
 
     def __init__(self, send: Callable[[dict], None], pipeline: Pipeline, model: str, metrics: Metrics,
-                 limits: Limits = Limits(), executor: Executor | None = None, intent: str | None = None) -> None:
+                 limits: Limits = Limits(), executor: Executor | None = None, intent: str | None = None,
+                 voices: CustomVoices | None = None) -> None:
         """`executor` runs the audio work (decoding, resampling, turn detection) off the event loop; a
         session hands it one job at a time, so its audio stays in order. `intent` "transcription" (the
-        connect URL's `?intent=`) starts a transcription session."""
+        connect URL's `?intent=`) starts a transcription session. `voices`: the custom voices it may use."""
         self._send_raw, self.pipeline, self.metrics, self.limits = send, pipeline, metrics, limits
+        self.voices = voices
         self.executor = executor
         self.append_rate = AppendRate(limits.max_appends_per_s, limits.append_burst)
         self._arm_idle: int | None = None
@@ -131,7 +134,7 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
 
     async def session_update(self, event: dict) -> None:
         config = update_session(self.config, require(event, "session", dict), self.model, self.pipeline.spec)
-        self.config = check_config(config, self.pipeline.spec)
+        self.config = check_config(config, self.pipeline.spec, voices=self.voices)
         self._discard_held()
         self._reset_vad()
         self.send({"type": "session.updated", "session": self.config})

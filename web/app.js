@@ -109,6 +109,7 @@ async function loadModel() { // its id and voices, from /v1/models (with the key
   ui.voice.replaceChildren(...caps.voices.map((v) => new Option(v[0].toUpperCase() + v.slice(1), v)));
   ui.voice.value = caps.voices.includes(chosen) ? chosen : caps.default_voice;
   ui.voice.disabled = !caps.audio_out;
+  document.dispatchEvent(new CustomEvent('served', { detail: served }));
 }
 
 // -- connection ---------------------------------------------------------------------------------
