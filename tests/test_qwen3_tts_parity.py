@@ -28,6 +28,7 @@ from models.qwen3_tts.prompt import TextIds, build_prompt
 from models.qwen3_tts.tiny import tiny_codec, tiny_config, tiny_generation
 from pipelines.types import AudioChunk, GenerationOptions, Message, Turn, TurnDone
 from realtime.wav import read_wav
+from tests.reference_paths import save_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE_PY = ROOT / ".venv-qwen-tts" / "bin" / "python"
@@ -56,7 +57,7 @@ def reference(tmp_path_factory) -> dict[str, Path]:
     cases, dirs = [], {}
     for i, (name, case) in enumerate(CASES.items()):
         d = dirs[name] = root / name
-        tokenizer.save(d)
+        save_tokenizer(tokenizer, d)
         (d / "tokenizer.json").unlink()  # the published repos have vocab.json + merges.txt only
         cases.append(dict(dir=str(d), config=tiny_config(case["kind"]), seed=10 + i,
                           generation=tiny_generation() | {"max_new_tokens": FRAMES + 1}, codec=tiny_codec(),

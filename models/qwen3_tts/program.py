@@ -78,7 +78,7 @@ class Qwen3TtsProgram(StagedProgram):
         kv = PagedKVCache(cfg.kv_layout(model))
         with torch.inference_mode():
             self.talker = TalkerStep(model.talker, model.cfg, self.dtype, kv, cfg.talker)
-            self.code2wav = Code2WavStep(model, self.device, self.dtype, graphs=cfg.code2wav.graphs,
+            self.code2wav = Code2WavStep(model.code2wav, self.device, self.dtype, graphs=cfg.code2wav.graphs,
                                          buckets=cfg.code2wav.buckets)
         tiny = cfg.model if cfg.model in PRESETS else ""
         super().__init__(tts_spec(model.cfg, gen, tiny),
