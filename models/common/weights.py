@@ -1,18 +1,8 @@
 """Checkpoint loading: stream safetensors shards into a model built on the meta device.
 
-The name map is explicit. Every checkpoint tensor either lands in exactly one model parameter (or one
-slice of a fused / stacked parameter) or is skipped by a documented rule; every model parameter must be
-filled. Anything else is an error naming the keys.
-
-Fused targets (see layers.py):
-  *.self_attn.{q,k,v}_proj.{weight,bias}        -> *.self_attn.qkv.*       rows [q | k | v]
-  *.{mlp,shared_expert}.{gate,up}_proj.weight    -> *.gate_up.weight         rows [gate | up]
-  *.mlp.experts.E.{gate,up}_proj.weight          -> *.mlp.experts.w13[E]     rows [gate | up]
-  *.mlp.experts.E.down_proj.weight               -> *.mlp.experts.w2[E]
-  *.mlp.experts.gate_up_proj / down_proj         -> w13 / w2 (transformers' fused layout, if saved so)
-Skipped: any prefix the caller did not ask for (loading only `code2wav.`, say) and whatever the
-model's `rename` hook drops (it returns None; Qwen3-Omni's drops the vision tower). Skipped tensors are
-never read from disk.
+Every checkpoint tensor lands in exactly one parameter (or one slice of a fused or stacked one: _RULES)
+or is skipped, unread: outside the prefix asked for, or dropped by the model's `rename` (None). Every
+parameter must be filled. Anything else is an error naming the keys.
 """
 
 from __future__ import annotations
@@ -27,8 +17,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-# A model's own naming: checkpoint key -> the key in our module tree (before the fused-layout rules), or
-# None to skip the tensor. The default keeps every key as it is.
+# checkpoint key -> the key in our module tree (before _RULES), or None to skip the tensor
 Rename = Callable[[str], str | None]
 
 
@@ -63,7 +52,6 @@ _RULES: list[tuple[re.Pattern[str], Callable[[re.Match[str]], Target]]] = [
 
 
 def map_name(ckpt: str) -> Target:
-    """Where checkpoint tensor `ckpt` goes in our model."""
     for pattern, target in _RULES:
         if m := pattern.match(ckpt):
             return target(m)
@@ -104,20 +92,10 @@ def _fused_offset(target: Target, dest: torch.Tensor, piece: torch.Tensor) -> in
     return target.part * piece.shape[0]
 
 
-def load_weights(
-    model: nn.Module,
-    path: str | Path,
-    prefix: str = "",
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
-    rename: Rename = same_name,
-) -> None:
-    """Fill `model` (built on the meta device or anywhere) from the checkpoint at `path`.
-
-    `rename` is the model's own name map (see Rename). `prefix` then selects a part of the checkpoint and
-    is stripped: loading Qwen3-Omni's `Thinker` uses prefix "thinker.".
-    Raises WeightError naming missing, unexpected or mis-shaped keys.
-    """
+def load_weights(model: nn.Module, path: str | Path, prefix: str = "", device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32, rename: Rename = same_name) -> None:
+    """Fill `model` from the checkpoint at `path`; `prefix` (applied after `rename`) selects a part of the
+    checkpoint and is stripped. Raises WeightError naming missing, unexpected or mis-shaped keys."""
     params = dict(model.named_parameters())
     filled: dict[str, torch.Tensor] = {}
     covered: dict[str, int] = {}
