@@ -1,7 +1,5 @@
-"""The Qwen chat template rendered straight to token ids, audio placeholders expanded in place.
-
-Text between special tokens is encoded as one piece, exactly as the reference tokenizer splits a rendered
-template string at its added tokens, so the ids equal those of tokenizing the full template text.
+"""The Qwen chat template rendered straight to token ids, audio placeholders expanded in place. Text between
+special tokens is one piece, as the reference splits the template text at added tokens: the same ids.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""The code predictor: a small dense transformer that fills in codebooks 1..15 of one codec frame.
-
-For each frame it sees two inputs first, the talker's final (normed) hidden state and the talker's
-embedding of the frame's codebook-0 code, and predicts codebook 1 with head 0. Each later step feeds the
-embedding of the code just chosen (codebook g through `codec_embedding[g - 1]`) and predicts codebook
-g + 1 with head g. A frame is 15 steps over 16 positions; the cache lives only for that frame.
+"""The code predictor: a small dense transformer filling in codebooks 1..15 of one frame, in 15 steps over
+16 positions with a cache that lives for that frame. It sees the talker's final hidden state and the
+talker's embedding of the codebook-0 code first, then each code it chose (codebook g through
+`codec_embedding[g - 1]`); step g predicts codebook g + 1 with head g.
 """
 
 from __future__ import annotations
@@ -61,22 +59,17 @@ class CodePredictor(nn.Module):
         return self.cfg.num_code_groups - 1
 
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        """embeds [B, T, H], positions [B, T] -> normed hidden [B, T, H]."""
         return self.model(embeds, positions, cache)
 
     def logits(self, hidden: torch.Tensor, step: int) -> torch.Tensor:
-        """Logits of codebook step + 1."""
         return self.lm_head[step](hidden)
 
     def embed(self, ids: torch.Tensor, step: int) -> torch.Tensor:
-        """Embedding of a codebook step + 1 code."""
         return self.model.codec_embedding[step](ids)
 
-    def predict(
-        self, talker_hidden: torch.Tensor, code0_embed: torch.Tensor, sample: Sampler = greedy
-    ) -> PredictedCodes:
-        """Codebooks 1..15 of one frame, given the talker's last hidden state [B, H] and its embedding of
-        the frame's codebook-0 code [B, H]."""
+    def predict(self, talker_hidden: torch.Tensor, code0_embed: torch.Tensor,
+                sample: Sampler = greedy) -> PredictedCodes:
+        """talker_hidden, code0_embed [B, H] -> codebooks 1..15 of the frame."""
         b, dev = talker_hidden.shape[0], talker_hidden.device
         cache = DenseKVCache(len(self.model.layers))
         x = torch.stack((talker_hidden, code0_embed), dim=1)

@@ -1,11 +1,7 @@
-"""Qwen3-TTS's 12 Hz codec decoder: Code2Wav with its own code embedding, read from `speech_tokenizer/`.
-
-The embedding: a split residual VQ (codebook 0 alone, codebooks 1..15 together; each group sums its
-codebooks' vectors, `embedding_sum / cluster_usage`, and projects them with a 1x1 conv to
-`codebook_dim`; the two groups add), then a causal conv of kernel 3 to `latent_dim`. That conv reads
-the two frames before each one, so the embedding declares `context` = 2 (code2wav_batch.py keeps those
-per stream). After it, Code2Wav's transformer (with projections from and back to `latent_dim`) and
-decoder, whose transposed convs look back instead of ahead: F frames make F * 1920 samples.
+"""Qwen3-TTS's 12 Hz codec decoder (`speech_tokenizer/`): Code2Wav, causal (F frames make F * 1920
+samples), with its own code embedding: a split residual VQ (codebook 0 alone, 1..15 together, each group
+summing `embedding_sum / cluster_usage` rows, then a 1x1 conv; the groups add) and a causal conv of
+kernel 3 to `latent_dim`, which reads the 2 frames before each (`context`).
 """
 
 from __future__ import annotations
@@ -44,7 +40,6 @@ class CodebookGroup(nn.Module):
         self.output_proj = nn.Conv1d(dim, out, 1, bias=False)
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
-        """codes [B, count, n] -> [B, out, n]."""
         total = self.codebooks[0](codes[:, 0])
         for q in range(1, len(self.codebooks)):
             total = total + self.codebooks[q](codes[:, q])
@@ -84,8 +79,7 @@ _CODEBOOK = re.compile(r"^vq\.layers\.(\d+)\._codebook\.(embedding_sum|cluster_u
 
 
 def decoder_name(key: str) -> str | None:
-    """A speech tokenizer checkpoint key -> our decoder's parameter name; None for the encoder's and for
-    the quantizer's input projections (used only to encode)."""
+    """None for the encoder's keys and the quantizer's input projections (used only to encode)."""
     if not key.startswith("decoder."):
         return None
     m = _QUANTIZER.match(key)
@@ -100,10 +94,8 @@ def decoder_name(key: str) -> str | None:
     return key[len("decoder.") :]
 
 
-def load_decoder(
-    cfg: CodecDecoderConfig, directory: str | Path, device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
-) -> Code2Wav:
+def load_decoder(cfg: CodecDecoderConfig, directory: str | Path, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> Code2Wav:
     with torch.device("meta"):
         model = build_decoder(cfg)
     load_weights(model, directory, device=device, dtype=dtype, rename=decoder_name)

@@ -1,8 +1,5 @@
-"""The 12 Hz speech tokenizer's config (a checkpoint's `speech_tokenizer/config.json`).
-
-`decoder_config` has Code2Wav's fields and defaults plus `latent_dim` (the width around the transformer),
-`codebook_dim` (the split residual VQ's output) and an optional `head_dim`; `encoder_config` is a Mimi
-encoder's, passed to transformers' MimiConfig as it is.
+"""The 12 Hz speech tokenizer's `speech_tokenizer/config.json`: `decoder_config` is Code2Wav's plus
+`latent_dim`, `codebook_dim` and an optional `head_dim`; `encoder_config` goes to transformers' MimiConfig.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from models.common.config import Code2WavConfig, ConfigError
 
 MODEL_TYPE = "qwen3_tts_tokenizer_12hz"
 
-# The reference's defaults for keys a config.json may leave out (its decoder config class's).
+# the reference decoder config class's defaults
 DECODER_DEFAULTS: dict[str, Any] = {
     "codebook_size": 2048, "hidden_size": 1024, "latent_dim": 1024, "max_position_embeddings": 8000,
     "rope_theta": 10000, "num_attention_heads": 16, "num_key_value_heads": 16, "sliding_window": 72,

@@ -1,8 +1,5 @@
-"""Qwen3-TTS as one module tree: the talker (with its code predictor) and the 12 Hz codec's decoder.
-
-A checkpoint directory holds the model (config.json, model.safetensors) and the speech tokenizer in its
-`speech_tokenizer/` folder (its own config.json and model.safetensors). The preset `tiny-tts` is built
-from tiny.py with seeded random weights.
+"""Qwen3-TTS as one module tree: the talker (with its code predictor), Base's speaker encoder and the 12 Hz
+codec's decoder, from a checkpoint directory (the codec in its `speech_tokenizer/` folder) or a preset.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ from .talker import Talker
 from .tiny import PRESETS, random_weights_, tiny_codec
 
 log = logging.getLogger(__name__)
-SPEECH_TOKENIZER = "speech_tokenizer"  # the checkpoint's subfolder holding the 12 Hz codec
+SPEECH_TOKENIZER = "speech_tokenizer"
 
 
 class Qwen3Tts(nn.Module):

@@ -1,12 +1,8 @@
-"""What a Qwen3-TTS checkpoint declares, and a turn's settings resolved against it.
-
-Defaults are the reference's (qwen-tts 0.1.1): sampling with top-k 50, top-p 1.0, temperature 0.9 in
-the talker (repetition penalty 1.05) and in the code predictor, at most 2048 new tokens; the checkpoint's
-generation_config.json overrides each (`subtalker_*` keys are the code predictor's). The text goes to the
-talker whole (non-streaming) for CustomVoice and VoiceDesign, streamed one token per frame for Base, as
-the reference's generate_* functions default. Greedy is argmax in both, the penalty kept. Base clones the
-voice of reference audio (`GenerationOptions.reference_audio`, mono at 24 kHz, the output rate) from its
-x-vector; in-context cloning with the reference text is not served yet.
+"""What a Qwen3-TTS checkpoint declares, and a turn's settings resolved against it. Defaults (DEFAULTS) are
+the reference's (qwen-tts 0.1.1), each overridden by generation_config.json (`subtalker_*`: the code
+predictor's). The text reaches the talker whole for CustomVoice and VoiceDesign, streamed for Base, as the
+reference's generate_* default. Greedy is argmax in both stages, the talker's repetition penalty kept.
+Base clones the voice of 24 kHz mono reference audio from its x-vector; in-context cloning is not served.
 """
 
 from __future__ import annotations
@@ -32,8 +28,6 @@ NAMES = {"custom_voice": "qwen3-tts-customvoice", "base": "qwen3-tts-base", "voi
 
 @dataclass(frozen=True)
 class Generation:
-    """The checkpoint's generation defaults: sampling per stage and the token budget."""
-
     talker: SamplingParams
     predictor: SamplingParams
     max_new_tokens: int
@@ -80,8 +74,7 @@ def describe(model: str) -> ModelSpec:
 
 @dataclass(frozen=True)
 class TurnSettings:
-    """A turn's options resolved: the speaker (None: no named speaker), the language id, the instruction,
-    sampling per stage, and the frames it may make."""
+    """A turn's options resolved; `speaker` "" when the model has no named speakers."""
 
     speaker: str
     language: str

@@ -1,8 +1,5 @@
-"""The tiny preset `tiny-tts`: a CustomVoice config in the published layout (model_type qwen3_tts, the
-talker with its code predictor, speakers, languages and dialects, the real text vocabulary's size and
-special ids), small sizes, seeded random weights; replies are capped at 4 s of speech (50 frames).
-
-`tiny_config(kind)` also gives Base and VoiceDesign variants, for the parity tests.
+"""The tiny preset `tiny-tts`: a CustomVoice config in the published layout (the real vocabulary, special
+ids, speakers and languages) with small sizes and seeded random weights, replies capped at 4 s.
 """
 
 from __future__ import annotations
