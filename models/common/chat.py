@@ -81,10 +81,6 @@ class _Builder:
         self.special(IM_END)
         self.text("\n")
 
-    def generation_prompt(self) -> None:
-        self.special(IM_START)
-        self.text("assistant\n")
-
     def prompt(self) -> Prompt:
         return Prompt(tuple(self.ids), tuple(self.spans))
 
@@ -95,7 +91,8 @@ def render(tokenizer: Tokenizer, turns: Iterable[Turn], add_generation_prompt: b
     for turn in turns:
         out.turn(turn)
     if add_generation_prompt:
-        out.generation_prompt()
+        out.special(IM_START)
+        out.text("assistant\n")
     return out.prompt()
 
 

@@ -118,17 +118,15 @@ class TransformerLayer(nn.Module):
         super().__init__()
         h, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.input_layernorm = RMSNorm(h, eps)
-        self.self_attn = SelfAttention(
-            h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, eps, qk_norm=False
-        )
+        self.self_attn = SelfAttention(h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, eps,
+                                       qk_norm=False)
         self.self_attn_layer_scale = LayerScale(h)
         self.post_attention_layernorm = RMSNorm(h, eps)
         self.mlp = SwiGLU(h, cfg.intermediate_size)
         self.mlp_layer_scale = LayerScale(h)
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, cache: SlidingKV
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
+                cache: SlidingKV) -> torch.Tensor:
         x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, layer, cache))
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
@@ -191,18 +189,15 @@ class Code2Wav(nn.Module):
     code2wav_batch.StreamingEmbedding); `latent_dim`: its width and that of the conv layers; `causal`: the
     decoder's transposed convs look back one input instead of ahead (holdback 0)."""
 
-    def __init__(
-        self, cfg: Code2WavConfig, code_embedding: nn.Module | None = None, latent_dim: int | None = None,
-        causal: bool = False,
-    ) -> None:
+    def __init__(self, cfg: Code2WavConfig, code_embedding: nn.Module | None = None, latent_dim: int | None = None,
+                 causal: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
         h, d = latent_dim or cfg.hidden_size, cfg.decoder_dim
         self.code_embedding = code_embedding if code_embedding is not None else CodeEmbedding(cfg)
         self.pre_transformer = Transformer(cfg, latent_dim)
-        self.upsample = nn.ModuleList(
-            nn.ModuleList([CausalTransConv(h, h, r, r), ConvNeXt(h)]) for r in cfg.upsampling_ratios
-        )
+        self.upsample = nn.ModuleList(nn.ModuleList([CausalTransConv(h, h, r, r), ConvNeXt(h)])
+                                      for r in cfg.upsampling_ratios)
         blocks = [DecoderBlock(d >> i, d >> (i + 1), r, causal) for i, r in enumerate(cfg.upsample_rates)]
         out = d >> len(cfg.upsample_rates)
         self.decoder = nn.ModuleList([CausalConv(h, d, 7), *blocks, SnakeBeta(out), CausalConv(out, 1, 7)])

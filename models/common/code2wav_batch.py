@@ -79,9 +79,8 @@ class _SlotKV:
 class Code2WavSlots:
     """`slots` streams' state in device buffers, plus one scratch slot (`self.scratch`) for padding."""
 
-    def __init__(
-        self, model: Code2Wav, slots: int, device: torch.device | str, dtype: torch.dtype, clamp: bool = True
-    ) -> None:
+    def __init__(self, model: Code2Wav, slots: int, device: torch.device | str, dtype: torch.dtype,
+                 clamp: bool = True) -> None:
         cfg = model.cfg
         device = torch.device(device)
         w = next(model.parameters())

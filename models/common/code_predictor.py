@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from models.common.config import CodePredictorConfig
-from models.common.layers import DecoderLayer, DenseKVCache, KVCache, LayerStack, RMSNorm, Rope, SwiGLU
+from models.common.layers import DenseKVCache, KVCache, LayerStack, RMSNorm, Rope, text_layer
 
 # sample(logits [B, V], step) -> ids [B]; step 0 chooses codebook 1.
 Sampler = Callable[[torch.Tensor, int], torch.Tensor]
@@ -35,12 +35,7 @@ class CodePredictorModel(LayerStack):
         super().__init__()
         groups = cfg.num_code_groups - 1
         self.codec_embedding = nn.ModuleList(nn.Embedding(cfg.vocab_size, cfg.hidden_size) for _ in range(groups))
-        h = cfg.hidden_size
-        self.layers = nn.ModuleList(
-            DecoderLayer(h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps,
-                         SwiGLU(h, cfg.intermediate_size), cfg.attention_bias)
-            for _ in range(cfg.num_hidden_layers)
-        )
+        self.layers = nn.ModuleList(text_layer(cfg, moe=False) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = Rope(cfg.head_dim, cfg.rope_theta)
 
@@ -50,9 +45,8 @@ class CodePredictor(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = CodePredictorModel(cfg)
-        self.lm_head = nn.ModuleList(
-            nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(cfg.num_code_groups - 1)
-        )
+        self.lm_head = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+                                     for _ in range(cfg.num_code_groups - 1))
 
     @property
     def num_steps(self) -> int:

@@ -15,14 +15,8 @@ class ConfigError(ValueError):
     pass
 
 
-OPTIONAL: dict[str, Any] = {
-    "rms_norm_eps": 1e-6,
-    "hidden_act": "silu",
-    "attention_bias": False,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": (),
-    "shared_expert_intermediate_size": 0,
-}
+OPTIONAL: dict[str, Any] = {"rms_norm_eps": 1e-6, "hidden_act": "silu", "attention_bias": False,
+                            "decoder_sparse_step": 1, "mlp_only_layers": (), "shared_expert_intermediate_size": 0}
 
 
 def required(d: dict, key: str, where: str, *aliases: str, optional: dict[str, Any] = OPTIONAL) -> Any:
@@ -36,10 +30,8 @@ def required(d: dict, key: str, where: str, *aliases: str, optional: dict[str, A
     raise ConfigError(f"required key '{key}' is missing from config.json{inside}")
 
 
-def read_fields(
-    cls: type, d: dict, where: str, skip: tuple[str, ...] = (), keys: dict[str, tuple[str, ...]] | None = None,
-    optional: dict[str, Any] = OPTIONAL,
-) -> dict[str, Any]:
+def read_fields(cls: type, d: dict, where: str, skip: tuple[str, ...] = (),
+                keys: dict[str, tuple[str, ...]] | None = None, optional: dict[str, Any] = OPTIONAL) -> dict[str, Any]:
     """`required` for each field of the dataclass `cls` but `skip`, in field order; `keys` gives a field's
     config.json key (then its aliases) where it is not the field's name."""
     out = {}

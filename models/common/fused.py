@@ -34,10 +34,8 @@ def rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def _use_triton(*ts: torch.Tensor | None) -> bool:
     ts = [t for t in ts if t is not None]
-    return (
-        ENABLED and HAVE_TRITON and all(t.is_cuda and t.dtype == ts[0].dtype for t in ts)
-        and not (torch.is_grad_enabled() and any(t.requires_grad for t in ts))
-    )
+    return (ENABLED and HAVE_TRITON and all(t.is_cuda and t.dtype == ts[0].dtype for t in ts)
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in ts)))
 
 
 def _vec(w: torch.Tensor | None, n: int) -> bool:
@@ -58,10 +56,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     return s, rms_norm_torch(s, weight, eps)
 
 
-def qk_norm_rope(
-    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
-    cos: torch.Tensor, sin: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                 eps: float, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, T, Hq, D], k: [B, T, Hkv, D] (views of a fused qkv are fine); cos, sin: [B, T, D]. Per-head
     RMSNorm (none when the weights are None), then rotate-half rope."""
     if _use_triton(q, k, q_weight, k_weight, cos, sin) and _vec(q_weight, q.shape[-1]) and _vec(k_weight, k.shape[-1]):
@@ -106,10 +102,9 @@ def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: 
     return s, out
 
 
-def qk_norm_rope_triton(
-    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
-    cos: torch.Tensor, sin: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def qk_norm_rope_triton(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None,
+                        k_weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
+                        sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     b, t, hq, d = q.shape
     hkv = k.shape[2]
     if d % 2 or k.shape != (b, t, hkv, d):

@@ -14,7 +14,7 @@ from torch import nn
 from pipelines.kv_cache import sdpa
 
 from . import fused
-from .config import TextConfig
+from .config import CodePredictorConfig, TextConfig
 
 
 class RMSNorm(nn.Module):
@@ -227,7 +227,7 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(h)
 
 
-def text_layer(cfg: TextConfig, moe: bool) -> DecoderLayer:
+def text_layer(cfg: TextConfig | CodePredictorConfig, moe: bool) -> DecoderLayer:
     h = cfg.hidden_size
     mlp = SwiGLU(h, cfg.intermediate_size) if not moe else MoE(
         h, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob,
