@@ -209,7 +209,6 @@ class Code2Wav(nn.Module):
         return self.code_embedding(codes)
 
     def conv_layers(self) -> Iterator[nn.Module]:
-        """The layers after the transformer, flat, in order."""
         for pair in self.upsample:
             yield from pair
         for layer in self.decoder:

@@ -115,7 +115,6 @@ class Code2WavSlots:
         return len(self._free)
 
     def open(self) -> int:
-        """Take a slot for a new stream."""
         if not self._free:
             raise RuntimeError(f"all {self.scratch} Code2Wav slots are in use")
         slot = self._free.pop()
@@ -123,7 +122,6 @@ class Code2WavSlots:
         return slot
 
     def close(self, slot: int) -> None:
-        """Give a slot back; its state is cleared so the next stream in it starts clean."""
         if slot not in self._open:
             raise ValueError(f"slot {slot} is not open")
         self._open.remove(slot)

@@ -14,8 +14,7 @@ from torch import nn
 from models.common.code2wav import Code2Wav
 from models.common.weights import load_weights
 
-from .codec import build_decoder, load_decoder
-from .codec_config import CodecDecoderConfig, SpeechTokenizerConfig
+from .codec import CodecDecoderConfig, SpeechTokenizerConfig, build_decoder, load_decoder
 from .config import TtsConfig
 from .speaker_encoder import SpeakerEncoder
 from .talker import Talker
@@ -36,7 +35,6 @@ class Qwen3Tts(nn.Module):
 
 def load_model(model: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                seed: int = 0) -> Qwen3Tts:
-    """`model`: the preset 'tiny-tts' or a checkpoint directory."""
     start = time.perf_counter()
     if str(model) in PRESETS:
         codec = build_decoder(CodecDecoderConfig.from_hf(tiny_codec()))

@@ -14,8 +14,7 @@ from torch import nn
 from models.common.code2wav import Code2Wav
 from models.common.weights import WeightError
 
-from .codec import load_decoder
-from .codec_config import SpeechTokenizerConfig
+from .codec import SpeechTokenizerConfig, load_decoder
 
 ENCODER_PREFIX = "encoder."
 

@@ -60,7 +60,6 @@ class TurnState:
         return self.audio_samples / self.rate - (now - self.t_first_audio)
 
     def on_frame(self, codes: list[int], row: torch.Tensor, embed_sum: torch.Tensor, eos: int) -> torch.Tensor | None:
-        """A codec frame from the talker; returns the codec part of the talker's next input, if any."""
         if codes[0] == eos:
             self.talker_done = True
             return None

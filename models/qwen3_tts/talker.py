@@ -18,8 +18,6 @@ from .config import TalkerConfig
 
 
 class ResizeMLP(nn.Module):
-    """text width -> talker width: fc1, SiLU, fc2 (both with bias)."""
-
     def __init__(self, inp: int, intermediate: int, out: int) -> None:
         super().__init__()
         self.linear_fc1 = nn.Linear(inp, intermediate)
@@ -67,7 +65,6 @@ class Talker(nn.Module):
         return self.cfg.text.hidden_size
 
     def forward(self, input_embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        """input_embeds [B, T, H], positions [B, T] -> the final normed hidden states [B, T, H]."""
         return self.model(input_embeds, positions, cache)
 
     def codec_logits(self, hidden: torch.Tensor) -> torch.Tensor:
