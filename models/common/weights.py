@@ -74,14 +74,14 @@ def checkpoint_files(path: str | Path) -> list[Path]:
     return files
 
 
-def iter_tensors(path: str | Path, rename: Rename = same_name) -> Iterator[tuple[str, str, torch.Tensor]]:
-    """(checkpoint key, renamed key, tensor) of every tensor `rename` keeps; the others are not read."""
+def iter_tensors(path: str | Path, rename: Rename, prefix: str) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """(checkpoint key, renamed key less `prefix`, tensor) of every tensor kept; the others are not read."""
     for f in checkpoint_files(path):
         with safe_open(str(f), framework="pt") as st:
             for key in st.keys():  # noqa: SIM118 (safe_open is not a dict)
                 name = rename(key)
-                if name is not None:
-                    yield key, name, st.get_tensor(key)
+                if name is not None and name.startswith(prefix):
+                    yield key, name[len(prefix) :], st.get_tensor(key)
 
 
 def _fused_offset(target: Target, dest: torch.Tensor, piece: torch.Tensor) -> int:
@@ -100,11 +100,7 @@ def load_weights(model: nn.Module, path: str | Path, prefix: str = "", device: t
     filled: dict[str, torch.Tensor] = {}
     covered: dict[str, int] = {}
     unexpected, bad_shape = [], []
-    def keep(key: str) -> str | None:
-        name = rename(key)
-        return name[len(prefix) :] if name is not None and name.startswith(prefix) else None
-
-    for key, name, tensor in iter_tensors(path, keep):
+    for key, name, tensor in iter_tensors(path, rename, prefix):
         target = map_name(name)
         if target.name not in params:
             unexpected.append(key)

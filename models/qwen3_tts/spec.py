@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from models.common.work import GREEDY
 from pipelines.sampling import SamplingParams
 from pipelines.spec import ModelSpec
 from pipelines.types import GenerationOptions
@@ -22,7 +23,6 @@ FRAME_SAMPLES = 1920  # 12.5 frames per second
 DEFAULTS = dict(do_sample=True, top_k=50, top_p=1.0, temperature=0.9, repetition_penalty=1.05,
                 subtalker_dosample=True, subtalker_top_k=50, subtalker_top_p=1.0, subtalker_temperature=0.9,
                 max_new_tokens=2048)
-GREEDY = SamplingParams(greedy=True)
 NAMES = {"custom_voice": "qwen3-tts-customvoice", "base": "qwen3-tts-base", "voice_design": "qwen3-tts-voicedesign"}
 
 
@@ -81,7 +81,6 @@ class TurnSettings:
     instructions: str
     talker: SamplingParams
     predictor: SamplingParams
-    greedy: bool
     max_frames: int
     ignore_eos: bool
     background: bool
@@ -113,5 +112,4 @@ class TurnSettings:
             predictor = SamplingParams(**{**predictor.__dict__, "seed": predictor.seed or opts.seed})
         # the reference makes max_new_tokens - 1 frames when no EOS comes (the last token's frame is never made)
         frames = min(opts.max_frames, max(1, gen.max_new_tokens - 1))
-        return cls(speaker, language, opts.instructions, talker, predictor, opts.greedy, frames, opts.ignore_eos,
-                   opts.background)
+        return cls(speaker, language, opts.instructions, talker, predictor, frames, opts.ignore_eos, opts.background)

@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from .spec import DEFAULTS
+
 TEXT_VOCAB = 151936  # the Qwen tokenizer's vocabulary, as the text embedding's rows
 SPEAKERS = {"vivian": 3065, "serena": 3066, "uncle_fu": 3010, "dylan": 2878, "eric": 2875, "ryan": 3061,
             "aiden": 2861, "ono_anna": 2873, "sohee": 2864}
@@ -65,9 +67,7 @@ def tiny_config(kind: str = "custom_voice") -> dict:
 
 def tiny_generation() -> dict:
     """generation_config.json of the preset: the reference's defaults, the reply capped at 4 s."""
-    return {"do_sample": True, "top_k": 50, "top_p": 1.0, "temperature": 0.9, "repetition_penalty": 1.05,
-            "subtalker_dosample": True, "subtalker_top_k": 50, "subtalker_top_p": 1.0, "subtalker_temperature": 0.9,
-            "max_new_tokens": TINY_FRAMES + 1}
+    return {**DEFAULTS, "max_new_tokens": TINY_FRAMES + 1}
 
 
 def tiny_codec() -> dict:
