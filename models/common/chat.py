@@ -81,9 +81,6 @@ class _Builder:
         self.special(IM_END)
         self.text("\n")
 
-    def prompt(self) -> Prompt:
-        return Prompt(tuple(self.ids), tuple(self.spans))
-
 
 def render(tokenizer: Tokenizer, turns: Iterable[Turn], add_generation_prompt: bool = True) -> Prompt:
     """A whole conversation; with `add_generation_prompt` it ends in "<|im_start|>assistant\\n"."""
@@ -93,7 +90,7 @@ def render(tokenizer: Tokenizer, turns: Iterable[Turn], add_generation_prompt: b
     if add_generation_prompt:
         out.special(IM_START)
         out.text("assistant\n")
-    return out.prompt()
+    return Prompt(tuple(out.ids), tuple(out.spans))
 
 
 def render_continuation(tokenizer: Tokenizer, turns: Iterable[Turn], add_generation_prompt: bool = True) -> Prompt:

@@ -125,14 +125,11 @@ class Code2WavSlots:
         if slot not in self._open:
             raise ValueError(f"slot {slot} is not open")
         self._open.remove(slot)
-        self._reset(slot)
-        self._free.append(slot)
-
-    def _reset(self, slot: int) -> None:
         for buf in (self.k, self.v):
             buf[:, slot].zero_()
         for buf in (self.frames, self.embed_tail, *self.tails.values(), *self.pending.values()):
             buf[slot].zero_()
+        self._free.append(slot)
 
     @torch.no_grad()
     def push(self, slot: int, codes: torch.Tensor) -> torch.Tensor:

@@ -51,10 +51,9 @@ class Generation:
 
 
 def tts_spec(cfg: TtsConfig, gen: Generation, tiny: str = "") -> ModelSpec:
-    voices = tuple(name for name, _ in cfg.talker.speakers)
+    # Base and VoiceDesign have no named speakers: one voice, made by the clone or the instruction
+    voices = tuple(name for name, _ in cfg.talker.speakers) or ("default",)
     languages = tuple(name for name, _ in cfg.talker.languages if "dialect" not in name)
-    if not voices:  # Base and VoiceDesign have no named speakers: one voice, made by the clone or the instruction
-        voices = ("default",)
     return ModelSpec(
         name=NAMES[cfg.model_type], family="qwen3_tts", output_rate=OUTPUT_RATE, frame_samples=FRAME_SAMPLES,
         voices=voices, default_voice=voices[0], languages=("auto", *languages),
