@@ -93,8 +93,7 @@ class Qwen3TtsProgram(StagedProgram):
     def prepare(self, session: Session, turn: Turn, emit: Emit) -> tuple[TurnState, list]:
         opts = TurnSettings.resolve(turn.options, self.spec, self.model.cfg, self.gen)
         text = self._text(turn)
-        instruction = opts.instructions if self.spec.instructions else ""
-        ids = TextIds.of(self.tokenizer, text, instruction)
+        ids = TextIds.of(self.tokenizer, text, opts.instructions)  # resolve() refused one this model cannot take
         cfg = self.model.cfg
         speaker = None
         if turn.options.reference_audio is not None:  # Base: the reference's x-vector (spec.py checked it)
