@@ -1,7 +1,5 @@
-"""The Qwen chat template rendered straight to token ids, audio placeholders expanded in place.
-
-Text between special tokens is encoded as one piece, exactly as the reference tokenizer splits a rendered
-template string at its added tokens, so the ids equal those of tokenizing the full template text.
+"""The Qwen chat template rendered straight to token ids, audio placeholders expanded in place. Text between
+special tokens is one piece, as the reference splits the template text at added tokens: the same ids.
 """
 
 from __future__ import annotations
@@ -83,13 +81,6 @@ class _Builder:
         self.special(IM_END)
         self.text("\n")
 
-    def generation_prompt(self) -> None:
-        self.special(IM_START)
-        self.text("assistant\n")
-
-    def prompt(self) -> Prompt:
-        return Prompt(tuple(self.ids), tuple(self.spans))
-
 
 def render(tokenizer: Tokenizer, turns: Iterable[Turn], add_generation_prompt: bool = True) -> Prompt:
     """A whole conversation; with `add_generation_prompt` it ends in "<|im_start|>assistant\\n"."""
@@ -97,8 +88,9 @@ def render(tokenizer: Tokenizer, turns: Iterable[Turn], add_generation_prompt: b
     for turn in turns:
         out.turn(turn)
     if add_generation_prompt:
-        out.generation_prompt()
-    return out.prompt()
+        out.special(IM_START)
+        out.text("assistant\n")
+    return Prompt(tuple(out.ids), tuple(out.spans))
 
 
 def render_continuation(tokenizer: Tokenizer, turns: Iterable[Turn], add_generation_prompt: bool = True) -> Prompt:

@@ -1,15 +1,11 @@
-"""Code2Wav: 16 codebooks per 80 ms frame -> 1920 samples of 24 kHz audio.
+"""Code2Wav: 16 codebooks per 80 ms frame -> 1920 samples of 24 kHz audio. codes -> mean of 16 code
+embeddings -> sliding-window causal transformer -> 2 x (transposed conv x2 + ConvNeXt) -> causal conv ->
+4 decoder blocks (SnakeBeta, transposed conv x r, 3 dilated residual units) -> SnakeBeta -> causal conv.
 
-codes -> mean of 16 code embeddings -> sliding-window causal transformer -> 2 x (transposed conv x2 +
-ConvNeXt) -> causal conv -> 4 decoder blocks (SnakeBeta, transposed conv x r, 3 dilated residual
-units) -> SnakeBeta -> causal conv -> clamp to [-1, 1].
-
-Every conv is causal (stride 1, zero left padding of `context` samples). A decoder transposed conv of
-kernel 2r and stride r, trimmed by r on each side, makes output block j from inputs j and j+1, and
-T inputs give T - 1 blocks: the block that would need input T is dropped, not guessed. That is the
-only look-ahead (`lookahead` = 1 input); through the four decoder blocks it adds up to `holdback`
-samples, so F frames decode to F * 1920 - 555 samples. code2wav_batch.py relies on `context` and
-`lookahead` to decode incrementally with the same modules.
+Every conv is causal (zero left padding of `context` inputs). A decoder transposed conv (kernel 2r,
+stride r, trimmed by r at both ends) makes block j from inputs j and j+1; the block that would need the
+input after the last is dropped, not guessed. That is the only look-ahead (`lookahead` = 1 input):
+F frames decode to F * 1920 - `holdback` (555) samples. code2wav_batch.py streams the same modules.
 """
 
 from __future__ import annotations
@@ -122,24 +118,21 @@ class TransformerLayer(nn.Module):
         super().__init__()
         h, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.input_layernorm = RMSNorm(h, eps)
-        self.self_attn = SelfAttention(
-            h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, eps, qk_norm=False
-        )
+        self.self_attn = SelfAttention(h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, eps,
+                                       qk_norm=False)
         self.self_attn_layer_scale = LayerScale(h)
         self.post_attention_layernorm = RMSNorm(h, eps)
         self.mlp = SwiGLU(h, cfg.intermediate_size)
         self.mlp_layer_scale = LayerScale(h)
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, cache: SlidingKV
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
+                cache: SlidingKV) -> torch.Tensor:
         x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, layer, cache))
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
 
 class SlidingKV:
-    """KV cache for sliding-window attention: keeps per layer only the last window-1 keys, all that
-    any later query can see. A fresh one gives the one-shot (windowed causal) attention."""
+    """Sliding-window KV cache: per layer only the last window - 1 keys, all a later query can see."""
 
     def __init__(self, num_layers: int, window: int) -> None:
         self.window = window
@@ -192,24 +185,19 @@ class CodeEmbedding(nn.Embedding):
 
 
 class Code2Wav(nn.Module):
-    """The codec decoder. `code_embedding` is the hook a codec with another code embedding plugs in (any
-    module mapping codes [B, Q, F] to [B, F, latent_dim or hidden_size]; one that needs earlier frames
-    declares it as code2wav_batch.py's StreamingEmbedding says); the rest is shared. `latent_dim`: the
-    width of the embedding and of the layers after the transformer, which maps from and back to it.
-    `causal`: the decoder's transposed convs look back one input instead of ahead (holdback 0)."""
+    """`code_embedding`: another codec's (codes [B, Q, F] -> [B, F, latent_dim or hidden_size]; see
+    code2wav_batch.StreamingEmbedding); `latent_dim`: its width and that of the conv layers; `causal`: the
+    decoder's transposed convs look back one input instead of ahead (holdback 0)."""
 
-    def __init__(
-        self, cfg: Code2WavConfig, code_embedding: nn.Module | None = None, latent_dim: int | None = None,
-        causal: bool = False,
-    ) -> None:
+    def __init__(self, cfg: Code2WavConfig, code_embedding: nn.Module | None = None, latent_dim: int | None = None,
+                 causal: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
         h, d = latent_dim or cfg.hidden_size, cfg.decoder_dim
         self.code_embedding = code_embedding if code_embedding is not None else CodeEmbedding(cfg)
         self.pre_transformer = Transformer(cfg, latent_dim)
-        self.upsample = nn.ModuleList(
-            nn.ModuleList([CausalTransConv(h, h, r, r), ConvNeXt(h)]) for r in cfg.upsampling_ratios
-        )
+        self.upsample = nn.ModuleList(nn.ModuleList([CausalTransConv(h, h, r, r), ConvNeXt(h)])
+                                      for r in cfg.upsampling_ratios)
         blocks = [DecoderBlock(d >> i, d >> (i + 1), r, causal) for i, r in enumerate(cfg.upsample_rates)]
         out = d >> len(cfg.upsample_rates)
         self.decoder = nn.ModuleList([CausalConv(h, d, 7), *blocks, SnakeBeta(out), CausalConv(out, 1, 7)])
@@ -218,21 +206,16 @@ class Code2Wav(nn.Module):
         return SlidingKV(self.cfg.num_hidden_layers, self.cfg.sliding_window)
 
     def embed(self, codes: torch.Tensor) -> torch.Tensor:
-        """codes [B, Q, F] -> [B, F, H]."""
         return self.code_embedding(codes)
 
     def conv_layers(self) -> Iterator[nn.Module]:
-        """The layers after the transformer, in order, as a flat sequence."""
         for pair in self.upsample:
             yield from pair
         for layer in self.decoder:
             yield from layer.block if isinstance(layer, DecoderBlock) else (layer,)
 
     def decode(self, codes: torch.Tensor, clamp: bool = True) -> torch.Tensor:
-        """codes [B, Q, F] -> waveform [B, 1, F * samples_per_frame - holdback], in [-1, 1] if `clamp`.
-
-        The last `holdback` samples would need frame F + 1; like the reference, they are left out.
-        """
+        """codes [B, Q, F] -> waveform [B, 1, F * samples_per_frame - holdback], in [-1, 1] if `clamp`."""
         b, _, f = codes.shape
         positions = torch.arange(f, device=codes.device).expand(b, f)
         h = self.pre_transformer(self.embed(codes), positions, self.new_cache()).transpose(1, 2)
@@ -242,7 +225,7 @@ class Code2Wav(nn.Module):
 
     @property
     def holdback(self) -> int:
-        """Samples of the last frames' audio that depend on the next frame (555 at full size)."""
+        """Samples of the last frames' audio that depend on the next frame."""
         held = 0
         for layer in self.conv_layers():
             if isinstance(layer, CausalTransConv):

@@ -1,37 +1,17 @@
-"""Incremental Code2Wav across sessions: many streams, each at its own point, one frame each in one
-batched call (`step`), or any number of frames of one stream eagerly (`push`).
+"""Incremental Code2Wav across streams: one frame of many streams in one batched call (`step`), or any
+number of frames of one stream eagerly (`push`). After k frames a stream's samples equal `Code2Wav.decode`
+of those k frames (to rounding), and a frame costs the same however many came before: each layer keeps,
+per slot in preallocated buffers, just the left context it needs:
 
-After k frames, a stream's concatenated samples equal `Code2Wav.decode` of those k frames (to float
-rounding), and a frame costs the same however many came before: each layer keeps just the left
-context it needs. Why that is exact, layer by layer (see code2wav.py):
+- transformer: a ring of window - 1 frames' keys per layer; frame f sits at f % (window - 1) (attention
+  is order-free once rope is applied); ring index j holds a frame only if j < frames seen (the mask).
+- causal convs, causal transposed convs and a StreamingEmbedding's `inputs`: the last `context` inputs,
+  zeros for a fresh slot (the one-shot's padding).
+- look-ahead transposed convs: the last `lookahead` inputs, put in front of the next ones; the same trim
+  then yields exactly the blocks the new inputs complete (code2wav.py). A stream's first frame has none
+  pending, so it yields `holdback` fewer samples: `step(first=True)` batches first frames.
 
-- transformer: causal, window W frames. A new frame attends to itself and the W-1 frames before it.
-- causal conv (stride 1, extent (k-1)d, zero left padding of that size): an output needs the (k-1)d
-  inputs before it, kept as the layer's tail; the initial all-zero tail is the one-shot's padding.
-- upsampling transposed conv (kernel = stride): no overlap, nothing to keep.
-- decoder transposed conv (kernel 2r, stride r, trimmed by r at both ends): output block j is made
-  from inputs j and j+1, and the one-shot drops the block that would need the input after the last.
-  The last input is kept pending and put in front of the next ones; the same trim then yields exactly
-  the blocks the new inputs complete (at the first frame, with nothing pending, the one-shot's own
-  left trim). So with rates 8, 5, 4, 3: the first frame gives 1920 - 555 samples, every later one
-  1920, and the last 555 (23 ms), which would need a frame after the end, never come.
-
-The state lives in preallocated buffers indexed by slot, so `step` has shapes that depend only on the
-batch size (it can be captured in a CUDA graph) and does no host sync: gather each row's state by
-slot, run the layers, write the new state back.
-
-- transformer KV: a ring of window - 1 frames per layer and slot. The key of frame f sits at
-  f % (window - 1); attention is order-free once rope is applied, so the ring needs no shifting.
-  Index j holds a frame only if j < frames (the count of frames seen); the mask hides the rest.
-- causal convs: the last `context` inputs (zeros for a fresh slot: the one-shot's padding).
-- look-ahead transposed convs: the last `lookahead` inputs, put in front of the next ones.
-
-- a code embedding with `context` > 0 (StreamingEmbedding: Qwen3-TTS's k=3 pre-conv): the last
-  `context` frames of its `inputs`, zeros for a fresh slot (the one-shot's padding), given to `mix`.
-- causal transposed convs (look back, not ahead): the last `context` inputs, as a causal conv's.
-
-A stream's first frame has nothing pending, so it yields `holdback` fewer samples: `step(first=True)`
-batches first frames, `step` later ones (two fixed-shape calls per batch size).
+`step`'s shapes depend only on the batch size (a CUDA graph can capture it), and it does no host sync.
 """
 
 from __future__ import annotations
@@ -99,9 +79,8 @@ class _SlotKV:
 class Code2WavSlots:
     """`slots` streams' state in device buffers, plus one scratch slot (`self.scratch`) for padding."""
 
-    def __init__(
-        self, model: Code2Wav, slots: int, device: torch.device | str, dtype: torch.dtype, clamp: bool = True
-    ) -> None:
+    def __init__(self, model: Code2Wav, slots: int, device: torch.device | str, dtype: torch.dtype,
+                 clamp: bool = True) -> None:
         cfg = model.cfg
         device = torch.device(device)
         w = next(model.parameters())
@@ -136,7 +115,6 @@ class Code2WavSlots:
         return len(self._free)
 
     def open(self) -> int:
-        """Take a slot for a new stream."""
         if not self._free:
             raise RuntimeError(f"all {self.scratch} Code2Wav slots are in use")
         slot = self._free.pop()
@@ -144,25 +122,19 @@ class Code2WavSlots:
         return slot
 
     def close(self, slot: int) -> None:
-        """Give a slot back; its state is cleared so the next stream in it starts clean."""
         if slot not in self._open:
             raise ValueError(f"slot {slot} is not open")
         self._open.remove(slot)
-        self._reset(slot)
-        self._free.append(slot)
-
-    def _reset(self, slot: int) -> None:
         for buf in (self.k, self.v):
             buf[:, slot].zero_()
         for buf in (self.frames, self.embed_tail, *self.tails.values(), *self.pending.values()):
             buf[slot].zero_()
+        self._free.append(slot)
 
     @torch.no_grad()
     def push(self, slot: int, codes: torch.Tensor) -> torch.Tensor:
-        """Eager, one stream: codes [1, Q] or [1, Q, n] -> its new samples [1, S].
-
-        S = n * samples_per_frame, less `model.holdback` on the stream's first push (this syncs).
-        """
+        """Eager, one stream (syncs): codes [1, Q] or [1, Q, n] -> samples [1, n * samples_per_frame], less
+        `model.holdback` on the stream's first push."""
         if slot not in self._open:
             raise ValueError(f"slot {slot} is not open")
         if codes.dim() == 2:
@@ -174,13 +146,9 @@ class Code2WavSlots:
 
     @torch.no_grad()
     def step(self, slots: torch.Tensor, codes: torch.Tensor, first: bool = False) -> torch.Tensor:
-        """One frame per row: slots [B] int64, codes [B, Q] -> samples [B, S].
-
-        Every row's slot has seen a frame already, S = samples_per_frame; or, with `first`, none has,
-        and S = samples_per_frame - holdback. Rows are distinct slots, except padding rows, which point
-        at `self.scratch` and whose output means nothing. No host sync when slots is on a GPU; on the
-        CPU the rows are checked.
-        """
+        """One frame per row: slots [B] int64, codes [B, Q] -> samples [B, samples_per_frame], less holdback
+        with `first` (every row's first frame; without it, none is). Rows are distinct slots, but padding
+        rows at `self.scratch`. Rows are checked only on the CPU (on a GPU that would sync)."""
         if codes.dim() != 2 or slots.shape != codes.shape[:1]:
             raise ValueError(f"expected slots [B] and codes [B, Q], got {tuple(slots.shape)}, {tuple(codes.shape)}")
         if slots.device.type == "cpu":

@@ -1,9 +1,5 @@
-"""The Code2Wav stage: every speaking turn's newest frame, batched across sessions in one call.
-
-Each turn's stream owns a slot of a Code2WavSlots decoder from submission to its end. A step takes at
-most one frame per turn: streams on their first frame go through one fixed-shape call, the rest
-through another (both captured as CUDA graphs per batch bucket when graphs are on), and each batch's
-samples come back to the host in one copy.
+"""The Code2Wav stage: each speaking turn's oldest waiting frame, batched across turns (first frames in one
+fixed-shape call, later ones in another), each turn's stream in a Code2WavSlots slot until it ends.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ from .work import Turn, Work
 
 
 class SpeakingTurn(Turn, Protocol):
-    """What the codec stage reads and writes of a turn: the frames waiting for it, and where audio goes."""
+    """What the codec stage reads and writes of a turn."""
 
     turn_id: str
     frames_out: list[torch.Tensor]  # [Q] codes per frame, oldest first

@@ -1,9 +1,7 @@
-"""The code predictor: a small dense transformer that fills in codebooks 1..15 of one codec frame.
-
-For each frame it sees two inputs first, the talker's final (normed) hidden state and the talker's
-embedding of the frame's codebook-0 code, and predicts codebook 1 with head 0. Each later step feeds the
-embedding of the code just chosen (codebook g through `codec_embedding[g - 1]`) and predicts codebook
-g + 1 with head g. A frame is 15 steps over 16 positions; the cache lives only for that frame.
+"""The code predictor: a small dense transformer filling in codebooks 1..15 of one frame, in 15 steps over
+16 positions with a cache that lives for that frame. It sees the talker's final hidden state and the
+talker's embedding of the codebook-0 code first, then each code it chose (codebook g through
+`codec_embedding[g - 1]`); step g predicts codebook g + 1 with head g.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ import torch
 from torch import nn
 
 from models.common.config import CodePredictorConfig
-from models.common.layers import DecoderLayer, DenseKVCache, KVCache, LayerStack, RMSNorm, Rope, SwiGLU
+from models.common.layers import DenseKVCache, KVCache, LayerStack, RMSNorm, Rope, text_layer
 
 # sample(logits [B, V], step) -> ids [B]; step 0 chooses codebook 1.
 Sampler = Callable[[torch.Tensor, int], torch.Tensor]
@@ -37,12 +35,7 @@ class CodePredictorModel(LayerStack):
         super().__init__()
         groups = cfg.num_code_groups - 1
         self.codec_embedding = nn.ModuleList(nn.Embedding(cfg.vocab_size, cfg.hidden_size) for _ in range(groups))
-        h = cfg.hidden_size
-        self.layers = nn.ModuleList(
-            DecoderLayer(h, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps,
-                         SwiGLU(h, cfg.intermediate_size), cfg.attention_bias)
-            for _ in range(cfg.num_hidden_layers)
-        )
+        self.layers = nn.ModuleList(text_layer(cfg, moe=False) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = Rope(cfg.head_dim, cfg.rope_theta)
 
@@ -52,31 +45,25 @@ class CodePredictor(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = CodePredictorModel(cfg)
-        self.lm_head = nn.ModuleList(
-            nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(cfg.num_code_groups - 1)
-        )
+        self.lm_head = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+                                     for _ in range(cfg.num_code_groups - 1))
 
     @property
     def num_steps(self) -> int:
         return self.cfg.num_code_groups - 1
 
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        """embeds [B, T, H], positions [B, T] -> normed hidden [B, T, H]."""
         return self.model(embeds, positions, cache)
 
     def logits(self, hidden: torch.Tensor, step: int) -> torch.Tensor:
-        """Logits of codebook step + 1."""
         return self.lm_head[step](hidden)
 
     def embed(self, ids: torch.Tensor, step: int) -> torch.Tensor:
-        """Embedding of a codebook step + 1 code."""
         return self.model.codec_embedding[step](ids)
 
-    def predict(
-        self, talker_hidden: torch.Tensor, code0_embed: torch.Tensor, sample: Sampler = greedy
-    ) -> PredictedCodes:
-        """Codebooks 1..15 of one frame, given the talker's last hidden state [B, H] and its embedding of
-        the frame's codebook-0 code [B, H]."""
+    def predict(self, talker_hidden: torch.Tensor, code0_embed: torch.Tensor,
+                sample: Sampler = greedy) -> PredictedCodes:
+        """talker_hidden, code0_embed [B, H] -> codebooks 1..15 of the frame."""
         b, dev = talker_hidden.shape[0], talker_hidden.device
         cache = DenseKVCache(len(self.model.layers))
         x = torch.stack((talker_hidden, code0_embed), dim=1)

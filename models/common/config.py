@@ -1,13 +1,12 @@
-"""Config dataclasses shared by models: a decoder-only transformer (TextConfig), the multi-codebook code
-predictor and the Code2Wav codec decoder, and the helpers that parse them from a checkpoint's config.json.
-
-Both the transformers-5 form (`rope_parameters`) and the older hub form (`rope_theta` + `rope_scaling`)
-are read. Sizes and ids are required: a missing one is an error, never a silently wrong default.
-Only settings whose class default equals the real checkpoint's value may be omitted (see OPTIONAL).
+"""Config dataclasses shared by models (a decoder-only transformer, the code predictor, Code2Wav) and their
+parsing from config.json, in transformers 5's form (`rope_parameters`) or the older one (`rope_theta` +
+`rope_scaling`). Sizes and ids are required, never a silently wrong default; only keys whose default is
+the real checkpoint's value may be left out (OPTIONAL).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,15 +15,8 @@ class ConfigError(ValueError):
     pass
 
 
-# Keys that may be absent: their transformers default is also the real model's value.
-OPTIONAL: dict[str, Any] = {
-    "rms_norm_eps": 1e-6,
-    "hidden_act": "silu",
-    "attention_bias": False,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": (),
-    "shared_expert_intermediate_size": 0,
-}
+OPTIONAL: dict[str, Any] = {"rms_norm_eps": 1e-6, "hidden_act": "silu", "attention_bias": False,
+                            "decoder_sparse_step": 1, "mlp_only_layers": (), "shared_expert_intermediate_size": 0}
 
 
 def required(d: dict, key: str, where: str, *aliases: str, optional: dict[str, Any] = OPTIONAL) -> Any:
@@ -38,10 +30,8 @@ def required(d: dict, key: str, where: str, *aliases: str, optional: dict[str, A
     raise ConfigError(f"required key '{key}' is missing from config.json{inside}")
 
 
-def read_fields(
-    cls: type, d: dict, where: str, skip: tuple[str, ...] = (), keys: dict[str, tuple[str, ...]] | None = None,
-    optional: dict[str, Any] = OPTIONAL,
-) -> dict[str, Any]:
+def read_fields(cls: type, d: dict, where: str, skip: tuple[str, ...] = (),
+                keys: dict[str, tuple[str, ...]] | None = None, optional: dict[str, Any] = OPTIONAL) -> dict[str, Any]:
     """`required` for each field of the dataclass `cls` but `skip`, in field order; `keys` gives a field's
     config.json key (then its aliases) where it is not the field's name."""
     out = {}
@@ -157,10 +147,7 @@ class Code2WavConfig:
 
     @property
     def samples_per_frame(self) -> int:
-        n = 1
-        for r in (*self.upsampling_ratios, *self.upsample_rates):
-            n *= r
-        return n
+        return math.prod((*self.upsampling_ratios, *self.upsample_rates))
 
     @classmethod
     def from_hf(cls, d: dict) -> Code2WavConfig:

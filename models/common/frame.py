@@ -1,10 +1,6 @@
-"""The frame LM's model side: a talker whose every step makes one multi-codebook codec frame.
-
-The talker's hidden state gives codebook 0 through its codec head; the code predictor (code_predictor.py)
-fills codebooks 1..N-1 of the same frame from that hidden state and the talker's embedding of the
-codebook-0 code; the sum of the frame's code embeddings is the codec part of the talker's next input.
-`FrameTalker` is all of a talker that this, the frame steps (frame_step.py) and the stage
-(frame_stage.py) use: Qwen3-Omni's MoE talker implements it, and so can a dense one.
+"""The frame LM's model side: a talker (`FrameTalker`, all the frame step and stage use of one) whose every
+step makes one codec frame: codebook 0 from its codec head, codebooks 1..N-1 from the code predictor; the
+sum of the frame's code embeddings is the codec part of the talker's next input.
 """
 
 from __future__ import annotations
@@ -31,7 +27,7 @@ class FrameTalker(Protocol):
     def hidden_size(self) -> int: ...
 
     def __call__(self, input_embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        """input_embeds [B, T, H] -> the final normed hidden states [B, T, H]."""
+        """input_embeds [B, T, H], positions [B, T] -> the final normed hidden states [B, T, H]."""
         ...
 
     def codec_logits(self, hidden: torch.Tensor) -> torch.Tensor:

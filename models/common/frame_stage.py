@@ -1,9 +1,6 @@
-"""The frame LM's stage: a talker stream's prompt prefill (`FramePrefill`) and one whole codec frame per
-row per decode step (`FrameStep`), the only compute paths (frame_step.py).
-
-Each talker stream holds a row (slot) of the stage's repetition-penalty state, `seen` [slots + 1, V]:
-the codebook-0 ids it has made, updated on the device by whichever path made the frame. The last row
-is scratch for padding rows. A model's talker stage adds how a turn's prompt is built.
+"""The frame LM's stage: prefill and decode through frame_step.py. Each talker stream holds a row (slot) of
+the repetition-penalty state `seen` [slots + 1, V] (its codebook-0 ids, updated on the device; the last
+row is the padding rows' scratch).
 """
 
 from __future__ import annotations
@@ -86,8 +83,7 @@ class FrameStage:
         self.free.append(slot)
 
     def _rows(self, works: list[FrameWork]) -> dict:
-        """Each row's frame number, penalty row and sampling (greedy already resolved into the turn's talker
-        and predictor settings): the inputs decode and prefill share."""
+        """The inputs decode and prefill share: each row's frame number, penalty row and sampling."""
         opts = [w.turn.options for w in works]
         return {"frame": [len(w.turn.codes) for w in works], "slot": [w.slot for w in works],
                 "no_eos": [o.ignore_eos for o in opts], **sampling_rows("t", [o.talker for o in opts]),

@@ -1,10 +1,6 @@
-"""The frame LM's fixed-shape steps as pure functions of static tensors: what the graph runner captures.
-
-`FrameStep`: one whole codec frame per row (talker step over the paged cache, codec head, codebook-0
-sampling with the repetition penalty and the suppressed control ids, the code predictor's steps with
-their sampling, and the embedding sum that feeds the next frame). `FramePrefill`: one talker stream's
-new tokens (a token bucket, or its own length), ending in the same frame. Rows are independent, so
-padding rows change no real row's result.
+"""The frame LM's fixed-shape steps, pure functions of static tensors (what the graph runner captures):
+`FrameStep` makes one codec frame per row, `FramePrefill` feeds streams' new tokens and ends in the same
+frame. Rows are independent, so padding rows change no real row's result.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
-"""Fused Triton kernels for the decode step's elementwise chains: RMSNorm, residual add + RMSNorm, and
-per-head QK RMSNorm + rotary embedding, each one kernel instead of 5 to 24.
+"""Fused Triton kernels (one each instead of 5 to 24) for RMSNorm, residual add + RMSNorm, and per-head QK
+RMSNorm + rotate-half rope, on CUDA tensors at inference; anything else takes the torch path.
 
-Each public function is a drop-in for today's torch code (`RMSNorm.forward`, `x + r` then a norm,
-`q_norm`/`k_norm` then `apply_rope` in `SelfAttention.forward`) and rounds where it rounds: the norm
-in float32, cast to the input's dtype, then the weight multiply rounded to that dtype; rope's two
-products and their sum each rounded to the dtype. Triton runs on CUDA tensors (inference only);
-anything else takes the torch path, which is today's code. Launches depend on shapes only (no host
-sync), so they can be captured in CUDA graphs once warmed up eagerly (the first call compiles).
-No FMA contraction (`enable_fp_fusion=False`): eager's separate multiply and add kernels round twice.
+They round where the torch path rounds (the norm in float32, cast to the dtype, then the weight multiply
+rounded; rope's products and sum each rounded) and with no FMA contraction (`enable_fp_fusion=False`),
+as eager's separate multiply and add kernels round twice. Launches depend on shapes only, so CUDA graphs
+can capture them once warmed up eagerly (the first call compiles).
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ import torch
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None  # CPU-only torch builds ship without it
 
-ENABLED = True  # the runtime may switch the Triton path off (the torch path is then used everywhere)
+ENABLED = True  # the runtime may switch the Triton path off
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -37,10 +34,8 @@ def rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def _use_triton(*ts: torch.Tensor | None) -> bool:
     ts = [t for t in ts if t is not None]
-    return (
-        ENABLED and HAVE_TRITON and all(t.is_cuda and t.dtype == ts[0].dtype for t in ts)
-        and not (torch.is_grad_enabled() and any(t.requires_grad for t in ts))
-    )
+    return (ENABLED and HAVE_TRITON and all(t.is_cuda and t.dtype == ts[0].dtype for t in ts)
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in ts)))
 
 
 def _vec(w: torch.Tensor | None, n: int) -> bool:
@@ -48,14 +43,12 @@ def _vec(w: torch.Tensor | None, n: int) -> bool:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm.forward(x) with `weight`, `eps`; x: [..., N]."""
     fuse = _use_triton(x, weight) and _vec(weight, x.shape[-1])
     return rms_norm_triton(x, weight, eps) if fuse else rms_norm_torch(x, weight, eps)
 
 
-def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(s, rms_norm(s)) with s = x + residual rounded to x's dtype, as eager computes them."""
     if _use_triton(x, residual, weight) and x.shape == residual.shape and _vec(weight, x.shape[-1]):
         return add_rms_norm_triton(x, residual, weight, eps)
@@ -63,12 +56,10 @@ def add_rms_norm(
     return s, rms_norm_torch(s, weight, eps)
 
 
-def qk_norm_rope(
-    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
-    cos: torch.Tensor, sin: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: [B, T, Hq, D], k: [B, T, Hkv, D] (views of a fused qkv output are fine); cos, sin: [B, T, D].
-    Per-head RMSNorm (skipped when the weights are None, as in Code2Wav), then rotate-half rope."""
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                 eps: float, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [B, T, Hq, D], k: [B, T, Hkv, D] (views of a fused qkv are fine); cos, sin: [B, T, D]. Per-head
+    RMSNorm (none when the weights are None), then rotate-half rope."""
     if _use_triton(q, k, q_weight, k_weight, cos, sin) and _vec(q_weight, q.shape[-1]) and _vec(k_weight, k.shape[-1]):
         return qk_norm_rope_triton(q, k, q_weight, k_weight, eps, cos, sin)
     if q_weight is not None:
@@ -90,18 +81,11 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return _norm_triton(x, None, weight, eps)[1]
+    return add_rms_norm_triton(x, None, weight, eps)[1]
 
 
-def add_rms_norm_triton(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _norm_triton(x, residual, weight, eps)
-
-
-def _norm_triton(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + residual, its norm) in one kernel; without a residual, (x, norm of x)."""
     from . import fused_kernels as K
 
@@ -118,10 +102,9 @@ def _norm_triton(
     return s, out
 
 
-def qk_norm_rope_triton(
-    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
-    cos: torch.Tensor, sin: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def qk_norm_rope_triton(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None,
+                        k_weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
+                        sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     b, t, hq, d = q.shape
     hkv = k.shape[2]
     if d % 2 or k.shape != (b, t, hkv, d):

@@ -1,6 +1,4 @@
-"""The Triton kernels behind models/common/fused.py; imported only when a CUDA tensor takes the
-Triton path, so that importing the model never imports triton (a test may need to set TRITON_INTERPRET
-before triton's first import)."""
+"""fused.py's Triton kernels, imported only on the Triton path (a test may set TRITON_INTERPRET first)."""
 
 import triton
 import triton.language as tl

@@ -1,8 +1,6 @@
-"""Building blocks shared by the thinker, talker, code predictor and Code2Wav.
-
-Parameter names follow the checkpoint's, except fused ones: `qkv` (q, k, v rows stacked),
-`gate_up` (gate rows, then up rows) and the stacked experts `w13` [E, 2I, H] / `w2` [E, H, I].
-models/common/weights.py maps checkpoint names onto these.
+"""Building blocks of the thinker, the talkers, the code predictor and Code2Wav. Parameter names are the
+checkpoint's but the fused ones (weights.py maps them): `qkv` rows [q | k | v], `gate_up` rows [gate | up],
+stacked experts `w13` [E, 2I, H] and `w2` [E, H, I].
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from torch import nn
 from pipelines.kv_cache import sdpa
 
 from . import fused
-from .config import TextConfig
+from .config import CodePredictorConfig, TextConfig
 
 
 class RMSNorm(nn.Module):
@@ -26,16 +24,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """In float32, cast back, then the weight (as the reference rounds); one kernel on CUDA."""
         return fused.rms_norm(x, self.weight, self.eps)
 
 
 class Rope(nn.Module):
-    """Rotary embedding; with `mrope_section`, interleaved multimodal rope over (t, h, w) positions.
-
-    Positions are [B, T] (1-D) or [3, B, T]. For text and audio the three rows are equal, and the
-    interleaved layout then reduces to the plain 1-D rope.
-    """
+    """Rotary embedding over positions [B, T]; with `mrope_section`, also interleaved multimodal rope over
+    [3, B, T] (t, h, w) positions, which for equal rows (text, audio) is the plain rope."""
 
     def __init__(self, head_dim: int, theta: float, mrope_section: tuple[int, ...] = ()) -> None:
         super().__init__()
@@ -49,7 +43,7 @@ class Rope(nn.Module):
         return self._inv_freq[device]
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns cos, sin of shape [B, T, head_dim]."""
+        """-> cos, sin [B, T, head_dim]."""
         inv = self.inv_freq(positions.device)
         if positions.dim() == 2:
             freqs = positions[..., None].float() * inv
@@ -63,14 +57,10 @@ class Rope(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, past: int = 0, window: int | None = None
-) -> torch.Tensor:
-    """Causal attention of T new queries over past + new keys.
-
-    q: [B, T, Hq, D]; k, v: [B, L, Hkv, D] with L = past + T. Query i sits at position past + i and sees
-    keys j <= past + i (and j > past + i - window when a sliding window is set). Returns [B, T, Hq, D].
-    """
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, past: int = 0,
+              window: int | None = None) -> torch.Tensor:
+    """q [B, T, Hq, D], k, v [B, past + T, Hkv, D] -> [B, T, Hq, D]: query i sees keys j <= past + i (and
+    j > past + i - window)."""
     t, n = q.shape[1], k.shape[1]
     mask = None  # one query after all its keys, no window: it sees every key
     if t > 1 or (window is not None and n > window):
@@ -112,18 +102,12 @@ class DenseKVCache:
         self.k[layer], self.v[layer] = k, v
         return attention(q, k, v, scale, past)
 
-    def truncate(self, length: int) -> None:
-        for i, k in enumerate(self.k):
-            if k is not None:
-                self.k[i], self.v[i] = k[:, :length], self.v[i][:, :length]
-
 
 class SelfAttention(nn.Module):
     """GQA self-attention with fused qkv, optional per-head QK RMSNorm, rope."""
 
-    def __init__(
-        self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, qk_norm: bool, bias: bool = False
-    ) -> None:
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, qk_norm: bool,
+                 bias: bool = False) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.qkv = nn.Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=bias)
@@ -132,9 +116,8 @@ class SelfAttention(nn.Module):
         self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
         self.scale = head_dim**-0.5
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, cache: KVCache | None
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
+                cache: KVCache | None) -> torch.Tensor:
         b, t, _ = x.shape
         d = self.head_dim
         q, k, v = self.qkv(x).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
@@ -203,9 +186,8 @@ class MoE(nn.Module):
     """Top-k routed experts (softmax over all experts, optional renormalised top-k), optional shared
     expert scaled by a sigmoid gate (the talker's)."""
 
-    def __init__(
-        self, hidden: int, num_experts: int, top_k: int, intermediate: int, norm_topk: bool, shared: int = 0
-    ) -> None:
+    def __init__(self, hidden: int, num_experts: int, top_k: int, intermediate: int, norm_topk: bool,
+                 shared: int = 0) -> None:
         super().__init__()
         self.top_k, self.norm_topk = top_k, norm_topk
         self.gate = nn.Linear(hidden, num_experts, bias=False)
@@ -227,8 +209,7 @@ class MoE(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm transformer block: GQA self-attention with per-head QK RMSNorm, then `mlp` (dense SwiGLU
-    or MoE). Shared by the thinker, the talker and the code predictor."""
+    """Pre-norm block: GQA self-attention with per-head QK RMSNorm, then `mlp` (SwiGLU or MoE)."""
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, mlp: nn.Module,
                  bias: bool = False) -> None:
@@ -238,17 +219,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden, eps)
         self.mlp = mlp
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, cache: KVCache | None
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
+                cache: KVCache | None) -> torch.Tensor:
         post = self.post_attention_layernorm
         x, h = fused.add_rms_norm(self.self_attn(self.input_layernorm(x), cos, sin, layer, cache), x, post.weight,
                                   post.eps)
         return x + self.mlp(h)
 
 
-def text_layer(cfg: TextConfig, moe: bool) -> DecoderLayer:
-    """A decoder layer of `cfg`: routed MoE (plus the gated shared expert when `cfg` has one), else dense SwiGLU."""
+def text_layer(cfg: TextConfig | CodePredictorConfig, moe: bool) -> DecoderLayer:
     h = cfg.hidden_size
     mlp = SwiGLU(h, cfg.intermediate_size) if not moe else MoE(
         h, cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.norm_topk_prob,
@@ -258,8 +237,8 @@ def text_layer(cfg: TextConfig, moe: bool) -> DecoderLayer:
 
 
 class LayerStack(nn.Module):
-    """A decoder stack: every layer of `layers` in order, then the final `norm`; a subclass builds those
-    and `rope`. x [B, T, H], positions [B, T] (or [3, B, T]) -> the final normed hidden states [B, T, H]."""
+    """A subclass builds `layers`, `norm` and `rope`; x [B, T, H], positions [B, T] (or [3, B, T]) -> the final
+    normed hidden states [B, T, H]."""
 
     layers: nn.ModuleList
     norm: RMSNorm

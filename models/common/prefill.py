@@ -1,9 +1,5 @@
-"""A stage's prefill: one forward function, run at fixed shapes where sequences fit them, else eagerly.
-
-Sequences whose new tokens and context fit `PrefillGraphs`' buckets go through its fixed-shape runners
-(CUDA graphs when on), up to its largest row bucket per call; the rest (long prompts or contexts) go
-through the same forward function in one call built for their actual shapes (tokens: the longest row's,
-table width: the widest row's), not captured. Both build the same input dict: one compute path.
+"""A stage's prefill: one forward function, run at `PrefillGraphs`' fixed shapes where sequences fit its
+buckets, else in one eager call built for the longest row's tokens and the widest row's block table.
 """
 
 from __future__ import annotations
@@ -76,8 +72,7 @@ class Prefills:
             yield PrefillCall(rest, runner, tokens, blocks)
 
     def rows(self, call: PrefillCall, inputs: Callable[[Any], InputRows]) -> dict:
-        """The call's KV rows, each row's `last` new token, and `x`: each row's new inputs (of `inputs(work)`,
-        from its first uncached position) padded to the call's tokens."""
+        """The call's KV rows, each row's `last` new token and `x`: its uncached inputs, padded."""
         group = call.group
         rows = kv_views.prefill_rows(self.kv, [(w.key, n) for w, n in group], call.tokens, call.blocks)
         x = pad_rows([inputs(w).tail(self.kv.length(w.key))[:n] for w, n in group], call.tokens)

@@ -90,21 +90,16 @@ def merges_from_ranks(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     return merges
 
 
-def _configure(backend: Backend) -> Backend:
+def _bpe_backend(vocab: dict[str, int], merges: list[tuple[str, str]]) -> Backend:
+    backend = Backend(BPE(vocab=vocab, merges=merges, continuing_subword_prefix="", end_of_word_suffix="",
+                          fuse_unk=False))
     backend.normalizer = normalizers.NFC()
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     backend.decoder = decoders.ByteLevel()
     return backend
-
-
-def _bpe_backend(vocab: dict[str, int], merges: list[tuple[str, str]]) -> Backend:
-    model = BPE(vocab=vocab, merges=merges, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False)
-    return _configure(Backend(model))
 
 
 def _add_tokens(backend: Backend, tokens: Iterable[tuple[int, AddedToken]]) -> None:
@@ -118,11 +113,8 @@ def build_from_ranks(ranks: dict[bytes, int]) -> Backend:
     vocab = {bytes_to_token(tok): rank for tok, rank in ranks.items()}
     merges = [(bytes_to_token(a), bytes_to_token(b)) for a, b in merges_from_ranks(ranks)]
     backend = _bpe_backend(vocab, merges)
-    specials = [
-        (FIRST_SPECIAL_ID + i, AddedToken(t, special=t not in TEXT_LIKE_TOKENS, normalized=False))
-        for i, t in enumerate(SPECIAL_TOKENS)
-    ]
-    _add_tokens(backend, specials)
+    _add_tokens(backend, [(FIRST_SPECIAL_ID + i, AddedToken(t, special=t not in TEXT_LIKE_TOKENS, normalized=False))
+                          for i, t in enumerate(SPECIAL_TOKENS)])
     return backend
 
 
@@ -247,6 +239,3 @@ class StreamDecoder:
         text = self._utf8.decode(b"", final=True)
         self._utf8.reset()
         return text
-
-    def reset(self) -> None:
-        self._utf8.reset()

@@ -1,18 +1,8 @@
 """Checkpoint loading: stream safetensors shards into a model built on the meta device.
 
-The name map is explicit. Every checkpoint tensor either lands in exactly one model parameter (or one
-slice of a fused / stacked parameter) or is skipped by a documented rule; every model parameter must be
-filled. Anything else is an error naming the keys.
-
-Fused targets (see layers.py):
-  *.self_attn.{q,k,v}_proj.{weight,bias}        -> *.self_attn.qkv.*       rows [q | k | v]
-  *.{mlp,shared_expert}.{gate,up}_proj.weight    -> *.gate_up.weight         rows [gate | up]
-  *.mlp.experts.E.{gate,up}_proj.weight          -> *.mlp.experts.w13[E]     rows [gate | up]
-  *.mlp.experts.E.down_proj.weight               -> *.mlp.experts.w2[E]
-  *.mlp.experts.gate_up_proj / down_proj         -> w13 / w2 (transformers' fused layout, if saved so)
-Skipped: any prefix the caller did not ask for (loading only `code2wav.`, say) and whatever the
-model's `rename` hook drops (it returns None; Qwen3-Omni's drops the vision tower). Skipped tensors are
-never read from disk.
+Every checkpoint tensor lands in exactly one parameter (or one slice of a fused or stacked one: _RULES)
+or is skipped, unread: outside the prefix asked for, or dropped by the model's `rename` (None). Every
+parameter must be filled. Anything else is an error naming the keys.
 """
 
 from __future__ import annotations
@@ -27,8 +17,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-# A model's own naming: checkpoint key -> the key in our module tree (before the fused-layout rules), or
-# None to skip the tensor. The default keeps every key as it is.
+# checkpoint key -> the key in our module tree (before _RULES), or None to skip the tensor
 Rename = Callable[[str], str | None]
 
 
@@ -63,7 +52,6 @@ _RULES: list[tuple[re.Pattern[str], Callable[[re.Match[str]], Target]]] = [
 
 
 def map_name(ckpt: str) -> Target:
-    """Where checkpoint tensor `ckpt` goes in our model."""
     for pattern, target in _RULES:
         if m := pattern.match(ckpt):
             return target(m)
@@ -86,14 +74,14 @@ def checkpoint_files(path: str | Path) -> list[Path]:
     return files
 
 
-def iter_tensors(path: str | Path, rename: Rename = same_name) -> Iterator[tuple[str, str, torch.Tensor]]:
-    """(checkpoint key, renamed key, tensor) of every tensor `rename` keeps; the others are not read."""
+def iter_tensors(path: str | Path, rename: Rename, prefix: str) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """(checkpoint key, renamed key less `prefix`, tensor) of every tensor kept; the others are not read."""
     for f in checkpoint_files(path):
         with safe_open(str(f), framework="pt") as st:
             for key in st.keys():  # noqa: SIM118 (safe_open is not a dict)
                 name = rename(key)
-                if name is not None:
-                    yield key, name, st.get_tensor(key)
+                if name is not None and name.startswith(prefix):
+                    yield key, name[len(prefix) :], st.get_tensor(key)
 
 
 def _fused_offset(target: Target, dest: torch.Tensor, piece: torch.Tensor) -> int:
@@ -104,29 +92,15 @@ def _fused_offset(target: Target, dest: torch.Tensor, piece: torch.Tensor) -> in
     return target.part * piece.shape[0]
 
 
-def load_weights(
-    model: nn.Module,
-    path: str | Path,
-    prefix: str = "",
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
-    rename: Rename = same_name,
-) -> None:
-    """Fill `model` (built on the meta device or anywhere) from the checkpoint at `path`.
-
-    `rename` is the model's own name map (see Rename). `prefix` then selects a part of the checkpoint and
-    is stripped: loading Qwen3-Omni's `Thinker` uses prefix "thinker.".
-    Raises WeightError naming missing, unexpected or mis-shaped keys.
-    """
+def load_weights(model: nn.Module, path: str | Path, prefix: str = "", device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32, rename: Rename = same_name) -> None:
+    """Fill `model` from the checkpoint at `path`; `prefix` (applied after `rename`) selects a part of the
+    checkpoint and is stripped. Raises WeightError naming missing, unexpected or mis-shaped keys."""
     params = dict(model.named_parameters())
     filled: dict[str, torch.Tensor] = {}
     covered: dict[str, int] = {}
     unexpected, bad_shape = [], []
-    def keep(key: str) -> str | None:
-        name = rename(key)
-        return name[len(prefix) :] if name is not None and name.startswith(prefix) else None
-
-    for key, name, tensor in iter_tensors(path, keep):
+    for key, name, tensor in iter_tensors(path, rename, prefix):
         target = map_name(name)
         if target.name not in params:
             unexpected.append(key)

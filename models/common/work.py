@@ -1,8 +1,5 @@
-"""What every stage's work item shares: the turn it serves and the key of its cache entries.
-
-A Work is typed against the small part of a turn's state that the runtime reads (`Turn`); each model's
-turn state (Qwen3-Omni's conversation.TurnState, say) has more, which its own stages use.
-"""
+"""What every stage's work item shares: the turn it serves (the part the runtime reads: `Turn`) and the key
+of its cache entries."""
 
 from __future__ import annotations
 
@@ -23,8 +20,6 @@ class Turn(Protocol):
 
 
 class Work:
-    """Common part of a turn's work item in one stage."""
-
     keep_kv = False
 
     def __init__(self, turn: Turn, key: str) -> None:

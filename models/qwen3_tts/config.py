@@ -1,8 +1,5 @@
-"""Qwen3-TTS's config.json (model_type `qwen3_tts`), read strictly: the talker (a dense Qwen3 with a text
-embedding and its projection), the code predictor, the codec's control ids, speakers and languages.
-
-Sizes and ids are required; only the reference's own fallbacks are applied (a talker without `head_dim`
-uses hidden_size / num_attention_heads, as its attention does).
+"""Qwen3-TTS's config.json (model_type `qwen3_tts`), read strictly: sizes and ids are required; only the
+reference's own fallbacks apply (no `head_dim`: hidden_size / num_attention_heads, as its attention does).
 """
 
 from __future__ import annotations
@@ -11,10 +8,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.common.config import CodePredictorConfig, ConfigError, TextConfig, required, rope_params
+from models.common.config import CodePredictorConfig, ConfigError, TextConfig, read_fields, required, rope_params
 
 MODEL_TYPES = ("custom_voice", "base", "voice_design")
-# speaker_encoder_config keys a config.json may leave out: the reference config class's defaults
+# the reference speaker encoder config class's defaults
 SPEAKER_ENCODER_DEFAULTS = {"mel_dim": 128, "enc_dim": 1024, "enc_channels": [512, 512, 512, 512, 1536],
                             "enc_kernel_sizes": [5, 3, 3, 3, 1], "enc_dilations": [1, 2, 3, 4, 1],
                             "enc_attention_channels": 128, "enc_res2net_scale": 8, "enc_se_channels": 128,
@@ -23,9 +20,9 @@ SPEAKER_ENCODER_DEFAULTS = {"mel_dim": 128, "enc_dim": 1024, "enc_channels": [51
 
 @dataclass(frozen=True)
 class TalkerConfig:
-    text: TextConfig  # the dense backbone (no experts)
+    text: TextConfig  # the dense backbone
     code_predictor: CodePredictorConfig
-    text_hidden_size: int  # width of the text embedding (the 2048-wide text space)
+    text_hidden_size: int  # width of the text embedding
     text_vocab_size: int
     num_code_groups: int
     codec_eos_id: int
@@ -66,15 +63,12 @@ class TalkerConfig:
             hidden_act=g("hidden_act"), attention_bias=bool(g("attention_bias")),
         )
         cp = CodePredictorConfig.from_hf(g("code_predictor_config"))
-        dialects = tuple((k.lower(), v.lower()) for k, v in (d.get("spk_is_dialect") or {}).items() if v)
+        ids = read_fields(cls, d, w, ("text", "code_predictor", "speakers", "dialects", "languages"),
+                          {"codec_eos_id": ("codec_eos_token_id",)})
         cfg = cls(
-            text=text, code_predictor=cp, text_hidden_size=g("text_hidden_size"),
-            text_vocab_size=g("text_vocab_size"), num_code_groups=g("num_code_groups"),
-            codec_eos_id=g("codec_eos_token_id"), codec_think_id=g("codec_think_id"),
-            codec_nothink_id=g("codec_nothink_id"), codec_think_bos_id=g("codec_think_bos_id"),
-            codec_think_eos_id=g("codec_think_eos_id"), codec_pad_id=g("codec_pad_id"), codec_bos_id=g("codec_bos_id"),
+            text=text, code_predictor=cp, **ids,
             speakers=tuple((k.lower(), int(v)) for k, v in (d.get("spk_id") or {}).items()),
-            dialects=dialects,
+            dialects=tuple((k.lower(), v.lower()) for k, v in (d.get("spk_is_dialect") or {}).items() if v),
             languages=tuple((k.lower(), int(v)) for k, v in g("codec_language_id").items()),
         )
         if cp.num_code_groups != cfg.num_code_groups:

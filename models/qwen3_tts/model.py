@@ -1,8 +1,5 @@
-"""Qwen3-TTS as one module tree: the talker (with its code predictor) and the 12 Hz codec's decoder.
-
-A checkpoint directory holds the model (config.json, model.safetensors) and the speech tokenizer in its
-`speech_tokenizer/` folder (its own config.json and model.safetensors). The preset `tiny-tts` is built
-from tiny.py with seeded random weights.
+"""Qwen3-TTS as one module tree: the talker (with its code predictor), Base's speaker encoder and the 12 Hz
+codec's decoder, from a checkpoint directory (the codec in its `speech_tokenizer/` folder) or a preset.
 """
 
 from __future__ import annotations
@@ -17,15 +14,14 @@ from torch import nn
 from models.common.code2wav import Code2Wav
 from models.common.weights import load_weights
 
-from .codec import build_decoder, load_decoder
-from .codec_config import CodecDecoderConfig, SpeechTokenizerConfig
+from .codec import CodecDecoderConfig, SpeechTokenizerConfig, build_decoder, load_decoder
 from .config import TtsConfig
 from .speaker_encoder import SpeakerEncoder
 from .talker import Talker
 from .tiny import PRESETS, random_weights_, tiny_codec
 
 log = logging.getLogger(__name__)
-SPEECH_TOKENIZER = "speech_tokenizer"  # the checkpoint's subfolder holding the 12 Hz codec
+SPEECH_TOKENIZER = "speech_tokenizer"
 
 
 class Qwen3Tts(nn.Module):
@@ -39,7 +35,6 @@ class Qwen3Tts(nn.Module):
 
 def load_model(model: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                seed: int = 0) -> Qwen3Tts:
-    """`model`: the preset 'tiny-tts' or a checkpoint directory."""
     start = time.perf_counter()
     if str(model) in PRESETS:
         codec = build_decoder(CodecDecoderConfig.from_hf(tiny_codec()))

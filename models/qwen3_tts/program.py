@@ -1,8 +1,5 @@
-"""Qwen3-TTS in the pipeline: a turn reads its last message's text aloud.
-
-prepare: resolve the voice, language and instruction; tokenize; build the talker prompt (prompt.py);
-register a talker work (the frame LM stage) and a Code2Wav work (audio of each frame as soon as it is
-made). Sessions keep nothing between turns.
+"""Qwen3-TTS in the pipeline: a turn reads its last message's text aloud through a talker stage (the frame
+LM) and a Code2Wav stage. Sessions keep nothing between turns.
 """
 
 from __future__ import annotations
@@ -96,8 +93,7 @@ class Qwen3TtsProgram(StagedProgram):
     def prepare(self, session: Session, turn: Turn, emit: Emit) -> tuple[TurnState, list]:
         opts = TurnSettings.resolve(turn.options, self.spec, self.model.cfg, self.gen)
         text = self._text(turn)
-        instruction = opts.instructions if self.spec.instructions else ""
-        ids = TextIds.of(self.tokenizer, text, instruction)
+        ids = TextIds.of(self.tokenizer, text, opts.instructions)  # resolve() refused one this model cannot take
         cfg = self.model.cfg
         speaker = None
         if turn.options.reference_audio is not None:  # Base: the reference's x-vector (spec.py checked it)
@@ -137,24 +133,18 @@ class Qwen3TtsProgram(StagedProgram):
     def truncate_reply(self, session_id: str, turn_id: str, audio_end_ms: int) -> tuple[str, bool]:
         """A reading keeps no conversation: nothing to roll back; the text read is returned whole."""
         session = self.sessions.get(session_id)
-        if session is None:
+        turn = session.turn if session is not None else None
+        if turn is None or turn.turn_id != turn_id:
             raise KeyError(f"no reply {turn_id} in session {session_id}")
-        if session.turn is not None and session.turn.turn_id == turn_id:
-            text = session.turn.text
-            session.turn.finish("cancelled")
-            return text, False
-        raise KeyError(f"no reply {turn_id} in session {session_id}")
-
-
-def build_pipeline(cfg: TtsPipelineConfig, model: Qwen3Tts | None = None) -> Pipeline:
-    model = model or load_model(cfg.model, cfg.device, getattr(torch, cfg.dtype))
-    preset = cfg.model in PRESETS
-    tokenizer = Tokenizer.builtin() if preset else Tokenizer.load(cfg.model)
-    gen = Generation.read(tiny_generation() if preset else cfg.model)
-    return Pipeline(Qwen3TtsProgram(model, tokenizer, gen, cfg))
+        turn.finish("cancelled")
+        return turn.text, False
 
 
 def build(model: str, device: str = "cpu", dtype: str | None = None, graphs: bool | None = None,
           kv_memory_gib: float | None = None, **stage_overrides: dict) -> Pipeline:
     """The registry's entry point: `model` ('tiny-tts' or a checkpoint directory) on `device`'s defaults."""
-    return build_pipeline(TtsPipelineConfig.on(model, device, dtype, graphs, kv_memory_gib, **stage_overrides))
+    cfg = TtsPipelineConfig.on(model, device, dtype, graphs, kv_memory_gib, **stage_overrides)
+    net = load_model(model, device, getattr(torch, cfg.dtype))
+    preset = model in PRESETS
+    tokenizer = Tokenizer.builtin() if preset else Tokenizer.load(model)
+    return Pipeline(Qwen3TtsProgram(net, tokenizer, Generation.read(tiny_generation() if preset else model), cfg))

@@ -1,12 +1,8 @@
-"""What a Qwen3-TTS checkpoint declares, and a turn's settings resolved against it.
-
-Defaults are the reference's (qwen-tts 0.1.1): sampling with top-k 50, top-p 1.0, temperature 0.9 in
-the talker (repetition penalty 1.05) and in the code predictor, at most 2048 new tokens; the checkpoint's
-generation_config.json overrides each (`subtalker_*` keys are the code predictor's). The text goes to the
-talker whole (non-streaming) for CustomVoice and VoiceDesign, streamed one token per frame for Base, as
-the reference's generate_* functions default. Greedy is argmax in both, the penalty kept. Base clones the
-voice of reference audio (`GenerationOptions.reference_audio`, mono at 24 kHz, the output rate) from its
-x-vector; in-context cloning with the reference text is not served yet.
+"""What a Qwen3-TTS checkpoint declares, and a turn's settings resolved against it. Defaults (DEFAULTS) are
+the reference's (qwen-tts 0.1.1), each overridden by generation_config.json (`subtalker_*`: the code
+predictor's). The text reaches the talker whole for CustomVoice and VoiceDesign, streamed for Base, as the
+reference's generate_* default. Greedy is argmax in both stages, the talker's repetition penalty kept.
+Base clones the voice of 24 kHz mono reference audio from its x-vector; in-context cloning is not served.
 """
 
 from __future__ import annotations
@@ -15,6 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from models.common.work import GREEDY
 from pipelines.sampling import SamplingParams
 from pipelines.spec import ModelSpec
 from pipelines.types import GenerationOptions
@@ -26,14 +23,11 @@ FRAME_SAMPLES = 1920  # 12.5 frames per second
 DEFAULTS = dict(do_sample=True, top_k=50, top_p=1.0, temperature=0.9, repetition_penalty=1.05,
                 subtalker_dosample=True, subtalker_top_k=50, subtalker_top_p=1.0, subtalker_temperature=0.9,
                 max_new_tokens=2048)
-GREEDY = SamplingParams(greedy=True)
 NAMES = {"custom_voice": "qwen3-tts-customvoice", "base": "qwen3-tts-base", "voice_design": "qwen3-tts-voicedesign"}
 
 
 @dataclass(frozen=True)
 class Generation:
-    """The checkpoint's generation defaults: sampling per stage and the token budget."""
-
     talker: SamplingParams
     predictor: SamplingParams
     max_new_tokens: int
@@ -57,10 +51,9 @@ class Generation:
 
 
 def tts_spec(cfg: TtsConfig, gen: Generation, tiny: str = "") -> ModelSpec:
-    voices = tuple(name for name, _ in cfg.talker.speakers)
+    # Base and VoiceDesign have no named speakers: one voice, made by the clone or the instruction
+    voices = tuple(name for name, _ in cfg.talker.speakers) or ("default",)
     languages = tuple(name for name, _ in cfg.talker.languages if "dialect" not in name)
-    if not voices:  # Base and VoiceDesign have no named speakers: one voice, made by the clone or the instruction
-        voices = ("default",)
     return ModelSpec(
         name=NAMES[cfg.model_type], family="qwen3_tts", output_rate=OUTPUT_RATE, frame_samples=FRAME_SAMPLES,
         voices=voices, default_voice=voices[0], languages=("auto", *languages),
@@ -80,15 +73,13 @@ def describe(model: str) -> ModelSpec:
 
 @dataclass(frozen=True)
 class TurnSettings:
-    """A turn's options resolved: the speaker (None: no named speaker), the language id, the instruction,
-    sampling per stage, and the frames it may make."""
+    """A turn's options resolved; `speaker` "" when the model has no named speakers."""
 
     speaker: str
     language: str
     instructions: str
     talker: SamplingParams
     predictor: SamplingParams
-    greedy: bool
     max_frames: int
     ignore_eos: bool
     background: bool
@@ -120,5 +111,4 @@ class TurnSettings:
             predictor = SamplingParams(**{**predictor.__dict__, "seed": predictor.seed or opts.seed})
         # the reference makes max_new_tokens - 1 frames when no EOS comes (the last token's frame is never made)
         frames = min(opts.max_frames, max(1, gen.max_new_tokens - 1))
-        return cls(speaker, language, opts.instructions, talker, predictor, opts.greedy, frames, opts.ignore_eos,
-                   opts.background)
+        return cls(speaker, language, opts.instructions, talker, predictor, frames, opts.ignore_eos, opts.background)

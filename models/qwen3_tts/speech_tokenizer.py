@@ -1,8 +1,5 @@
-"""The 12 Hz speech tokenizer of a Qwen3-TTS checkpoint (its `speech_tokenizer/` folder).
-
-`SpeechTokenizer.load(dir)` reads config.json and model.safetensors: `.decoder` is a Code2Wav (one-shot
-`decode`, and Code2WavSlots streams it), `.encode(wave, rate)` turns reference audio into codes [F, Q]
-for a Base checkpoint's voice clone prompt. The encoder is a Mimi encoder, run by transformers' MimiModel.
+"""The 12 Hz speech tokenizer of a Qwen3-TTS checkpoint (its `speech_tokenizer/` folder): a Code2Wav
+decoder and a Mimi encoder (run by transformers' MimiModel) turning reference audio into codes.
 """
 
 from __future__ import annotations
@@ -17,8 +14,7 @@ from torch import nn
 from models.common.code2wav import Code2Wav
 from models.common.weights import WeightError
 
-from .codec import load_decoder
-from .codec_config import SpeechTokenizerConfig
+from .codec import SpeechTokenizerConfig, load_decoder
 
 ENCODER_PREFIX = "encoder."
 
@@ -36,8 +32,7 @@ def mimi_name(key: str) -> str:
 
 
 def load_encoder(cfg: SpeechTokenizerConfig, directory: str | Path, device: torch.device | str = "cpu") -> nn.Module:
-    """The Mimi encoder (transformers' MimiModel, its decoder half dropped), in float32, from the
-    checkpoint's `encoder.*` tensors."""
+    """MimiModel without its decoder half, in float32."""
     from transformers import MimiConfig, MimiModel
 
     model = MimiModel(MimiConfig(**cfg.encoder))
@@ -70,10 +65,6 @@ class SpeechTokenizer:
         cfg = SpeechTokenizerConfig.load(directory)
         dec = load_decoder(cfg.decoder, directory, device, dtype)
         return cls(cfg, dec, load_encoder(cfg, directory, device) if encoder else None)
-
-    @property
-    def sample_rate(self) -> int:
-        return self.config.output_sample_rate
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:

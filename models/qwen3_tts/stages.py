@@ -1,8 +1,5 @@
-"""Qwen3-TTS's two stages as the runtime sees them: the talker (the common frame LM stage, with this
-model's suppressed codec ids and minimum frames before EOS) and the common Code2Wav stage.
-
-The talker's work feeds the prompt once, then one row per frame: the frame's code embeddings' sum plus
-the prompt's text row for that step.
+"""Qwen3-TTS's talker stage: the common frame LM stage with this model's suppressed ids and minimum frames.
+Its work feeds the prompt, then per frame the frame's code embedding sum plus that step's text row.
 """
 
 from __future__ import annotations

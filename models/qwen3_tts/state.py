@@ -1,9 +1,4 @@
-"""Per-session and per-turn state of Qwen3-TTS in the pipeline.
-
-A Session keeps nothing between turns (each turn reads one text aloud); it only marks the session's
-active turn. A TurnState is one reading: the talker's inputs (prompt, then one row per frame), the
-frames waiting for the codec, timings and the event callback.
-"""
+"""Qwen3-TTS's per-session state (only its active turn: a reading keeps nothing) and per-turn state."""
 
 from __future__ import annotations
 
@@ -65,7 +60,6 @@ class TurnState:
         return self.audio_samples / self.rate - (now - self.t_first_audio)
 
     def on_frame(self, codes: list[int], row: torch.Tensor, embed_sum: torch.Tensor, eos: int) -> torch.Tensor | None:
-        """A codec frame from the talker; returns the codec part of the talker's next input, if any."""
         if codes[0] == eos:
             self.talker_done = True
             return None

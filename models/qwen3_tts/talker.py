@@ -1,10 +1,7 @@
-"""Qwen3-TTS's talker: a dense Qwen3 whose every step makes one 16-codebook codec frame (it implements
-models/common/frame.py's FrameTalker), fed by a text embedding in the 2048-wide text space and its
-projection, plus the codec embedding.
-
-The code predictor is the common one with two differences of this checkpoint family: its codebook
-embeddings are in the talker's width, and `small_to_mtp_projection` (a linear layer with bias; none when
-the widths match) maps every predictor input down to the predictor's width.
+"""Qwen3-TTS's talker: a dense Qwen3 making one 16-codebook frame per step (a frame.FrameTalker), fed by a
+text embedding (2048 wide) and its projection plus the codec embedding. Its code predictor's codebook
+embeddings are in the talker's width; `small_to_mtp_projection` (none when the widths match) maps every
+predictor input to the predictor's.
 """
 
 from __future__ import annotations
@@ -15,14 +12,12 @@ from torch import nn
 
 from models.common.code_predictor import CodePredictor
 from models.common.config import CodePredictorConfig
-from models.common.layers import DecoderLayer, KVCache, LayerStack, RMSNorm, Rope, SwiGLU
+from models.common.layers import KVCache, LayerStack, RMSNorm, Rope, text_layer
 
 from .config import TalkerConfig
 
 
 class ResizeMLP(nn.Module):
-    """text width -> talker width: fc1, SiLU, fc2 (both with bias)."""
-
     def __init__(self, inp: int, intermediate: int, out: int) -> None:
         super().__init__()
         self.linear_fc1 = nn.Linear(inp, intermediate)
@@ -50,11 +45,7 @@ class TalkerModel(LayerStack):
         t = cfg.text
         self.codec_embedding = nn.Embedding(t.vocab_size, t.hidden_size)
         self.text_embedding = nn.Embedding(cfg.text_vocab_size, cfg.text_hidden_size)
-        self.layers = nn.ModuleList(
-            DecoderLayer(t.hidden_size, t.num_attention_heads, t.num_key_value_heads, t.head_dim, t.rms_norm_eps,
-                         SwiGLU(t.hidden_size, t.intermediate_size), t.attention_bias)
-            for _ in range(t.num_hidden_layers)
-        )
+        self.layers = nn.ModuleList(text_layer(t, moe=False) for _ in range(t.num_hidden_layers))
         self.norm = RMSNorm(t.hidden_size, t.rms_norm_eps)
         self.rope = Rope(t.head_dim, t.rope_theta)
 
@@ -74,7 +65,6 @@ class Talker(nn.Module):
         return self.cfg.text.hidden_size
 
     def forward(self, input_embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        """input_embeds [B, T, H], positions [B, T] -> the final normed hidden states [B, T, H]."""
         return self.model(input_embeds, positions, cache)
 
     def codec_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,5 @@
-"""The tiny preset `tiny-tts`: a CustomVoice config in the published layout (model_type qwen3_tts, the
-talker with its code predictor, speakers, languages and dialects, the real text vocabulary's size and
-special ids), small sizes, seeded random weights; replies are capped at 4 s of speech (50 frames).
-
-`tiny_config(kind)` also gives Base and VoiceDesign variants, for the parity tests.
+"""The tiny preset `tiny-tts`: a CustomVoice config in the published layout (the real vocabulary, special
+ids, speakers and languages) with small sizes and seeded random weights, replies capped at 4 s.
 """
 
 from __future__ import annotations
@@ -11,6 +8,8 @@ import copy
 import math
 
 import torch
+
+from .spec import DEFAULTS
 
 TEXT_VOCAB = 151936  # the Qwen tokenizer's vocabulary, as the text embedding's rows
 SPEAKERS = {"vivian": 3065, "serena": 3066, "uncle_fu": 3010, "dylan": 2878, "eric": 2875, "ryan": 3061,
@@ -68,9 +67,7 @@ def tiny_config(kind: str = "custom_voice") -> dict:
 
 def tiny_generation() -> dict:
     """generation_config.json of the preset: the reference's defaults, the reply capped at 4 s."""
-    return {"do_sample": True, "top_k": 50, "top_p": 1.0, "temperature": 0.9, "repetition_penalty": 1.05,
-            "subtalker_dosample": True, "subtalker_top_k": 50, "subtalker_top_p": 1.0, "subtalker_temperature": 0.9,
-            "max_new_tokens": TINY_FRAMES + 1}
+    return {**DEFAULTS, "max_new_tokens": TINY_FRAMES + 1}
 
 
 def tiny_codec() -> dict:
