@@ -1,9 +1,7 @@
 """A model's side of the pipeline (`Program`), and the turn bookkeeping every model shares (`StagedProgram`).
 
-A model subclasses StagedProgram and writes what is its own: `new_session`, `prepare` (a turn's state
-and one Work per stage it passes through), `truncate_reply`, `mark` / `roll_back` (undoing a held turn)
-and its extra counters. Starting, refusing, holding, releasing, discarding, aborting and closing turns,
-ending sessions, counting, KV capacity and the integrity check live here once.
+A model subclasses StagedProgram and writes what is its own (`new_session`, `prepare`, `truncate_reply`,
+`mark` / `roll_back`, extra counters); the turn lifecycle, counting and KV checks live here once.
 """
 
 from __future__ import annotations
@@ -36,25 +34,24 @@ class Program(Protocol):
     stages: list[Stage]  # in pipeline order
 
     def start_turn(self, turn: Turn, emit: Emit, held: bool = False) -> None:
-        """A `held` turn's events go to `emit` only once released: pass a held Gate to release them from
-        another thread (Pipeline.release) without waiting for the engine."""
+        """Pass a held Gate as `emit` to release a held turn's events from another thread."""
         ...
 
-    def release_turn(self, turn_id: str) -> bool: ...
+    def release_turn(self, turn_id: str) -> bool:
+        """A held turn becomes committed: its waiting events flow, then live ones. Whether it was held."""
+        ...
 
-    def discard_turn(self, turn_id: str) -> bool: ...
+    def discard_turn(self, turn_id: str) -> bool:
+        """Abort a held turn, emitting none of its events, and undo it (session, KV cache, slots, counters)."""
+        ...
 
     def abort_turn(self, turn_id: str) -> None: ...
 
     def end_session(self, session_id: str) -> None: ...
 
-    def capacity(self) -> dict[str, int]:
-        """Tokens per cache and `sessions`, conversations of a typical length at once (fixed at start)."""
-        ...
+    def capacity(self) -> dict[str, int]: ...
 
-    def counters(self) -> dict:
-        """Plain numbers (turns started/ended, KV blocks and live works per stage) for tests and /metrics."""
-        ...
+    def counters(self) -> dict: ...
 
     def kv_check(self) -> dict[str, int]:
         """Check every KV cache's integrity; KV blocks in use per stage."""
@@ -65,7 +62,7 @@ class Program(Protocol):
         ...
 
     def audio_ahead(self) -> AudioAhead | None:
-        """A new encoder of one audio as it arrives (Message.ahead), or None if the model has none."""
+        """A new encoder of one audio as it arrives (push from one thread, then Message.ahead), or None."""
         ...
 
 
@@ -140,8 +137,7 @@ class StagedProgram:
 
     def start_turn(self, turn: Turn, emit: Emit, held: bool = False) -> None:
         """Register a turn's works, or refuse it (TurnError) before any work exists. Every turn started
-        here ends with exactly one TurnDone or TurnError (`counters` counts both). A `held` turn runs but
-        its events wait for `release_turn`; `discard_turn` undoes it (one held turn per session)."""
+        here ends with exactly one TurnDone or TurnError. One held turn per session."""
         self.started += 1
         gate = emit if isinstance(emit, Gate) else Gate(emit, held)
         entry: HeldTurn | None = None
@@ -184,7 +180,6 @@ class StagedProgram:
             state.fail("internal_error", f"{type(e).__name__}: {e}")
 
     def release_turn(self, turn_id: str) -> bool:
-        """A held turn becomes a committed one: its waiting events flow now, then live ones."""
         entry = self.held.pop(turn_id, None)
         if entry is None:
             return False
@@ -195,8 +190,6 @@ class StagedProgram:
         return True
 
     def discard_turn(self, turn_id: str) -> bool:
-        """Abort a held turn and undo it: no event of it is ever emitted, and its session, KV cache,
-        slots and counters are as before it started."""
         entry = self.held.pop(turn_id, None)
         if entry is None:
             return False
@@ -239,13 +232,12 @@ class StagedProgram:
                 work.release()
 
     def counters(self) -> dict:
-        """Turns started and ended (each ends once), live turns and sessions, KV blocks in use and live
-        works per stage: what tests check returns to zero, and what /metrics can show."""
+        """Plain numbers for tests (what returns to zero) and /metrics."""
         return {
             "turns_started": self.started, "turns_ended": self.ended, "turns_active": len(self.turns),
             "sessions": len(self.sessions), "held": len(self.held),
             "held_released": self.released, "held_discarded": self.discarded,
-            "kv_blocks": {s.name: s.kv.layout.num_blocks - s.kv.num_free for s in self.stages if s.kv is not None},
+            "kv_blocks": self._blocks_used(),
             "works": {s.name: len(s.scheduler.works) for s in self.stages},
             **self.extra_counters(),
             "kv_capacity": self.capacity(),
@@ -258,9 +250,10 @@ class StagedProgram:
         return {**{f"{n}_tokens": t for n, t in tokens.items()}, "sessions": sessions}
 
     def kv_check(self) -> dict[str, int]:
-        used = {}
         for stage in self.stages:
             if stage.kv is not None:
                 stage.kv.check()
-                used[stage.name] = stage.kv.layout.num_blocks - stage.kv.num_free
-        return used
+        return self._blocks_used()
+
+    def _blocks_used(self) -> dict[str, int]:
+        return {s.name: s.kv.layout.num_blocks - s.kv.num_free for s in self.stages if s.kv is not None}
