@@ -1,11 +1,8 @@
 """Paged KV cache: fixed-size blocks in one preallocated pool per layer, a block table per sequence.
 
-The paged cache's batch views (`BatchKV` here, and pipelines/kv_views.py's fixed-shape ones) implement
-models.common.layers.KVCache, what an attention layer of any model needs from a cache.
-
-A sequence (one session's conversation, or one stream of a later stage) owns a list of blocks; its token i
-lives in slot `blocks[i // block_size] * block_size + i % block_size`. Blocks come back on release,
-truncate (rollback) and eviction. `check()` verifies that every block is free or owned exactly once.
+A sequence (a session's conversation, or a stream of a later stage) owns a list of blocks; its token i lives
+in slot `blocks[i // block_size] * block_size + i % block_size`. Its batch views (`BatchKV` here, kv_views.py's
+fixed-shape ones) implement models.common.layers.KVCache.
 """
 
 from __future__ import annotations
@@ -128,13 +125,12 @@ class PagedKVCache:
         return blocks[pos // self.layout.block_size] * self.layout.block_size + pos % self.layout.block_size
 
     def batch(self, rows: list[tuple[str, int]]) -> BatchKV:
-        """A view for one forward over `rows` = [(seq, new_tokens)], each after its cached tokens."""
+        """A view for one forward over `rows` = [(seq, new_tokens)]."""
         return BatchKV(self, rows)
 
 
 class BatchKV:
-    """Implements models' KVCache protocol for a padded batch: row r has past_r cached tokens and n_r
-    new ones (padded to the longest). Index tensors are built once on the host per step."""
+    """A padded batch: row r has past_r cached tokens and n_r new ones. Indices are built on the host per step."""
 
     def __init__(self, cache: PagedKVCache, rows: list[tuple[str, int]]) -> None:
         self.cache = cache
