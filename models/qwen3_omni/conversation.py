@@ -1,10 +1,5 @@
-"""Per-session and per-turn state of a Qwen3-Omni conversation in the pipeline.
-
-A Session is one conversation: every thinker input so far (ids and embeddings, so an evicted KV cache
-can be recomputed exactly), and the talker-width rows of its user turns (the talker's prompt starts
-with all of them). A TurnState is one response: what the thinker wrote, what the talker needs next,
-the frames waiting for Code2Wav, timings, and the event callback.
-"""
+"""Per-session and per-turn state of a Qwen3-Omni conversation. A Session keeps every thinker input (ids and
+embeddings: an evicted cache is recomputed exactly) and its user turns' talker rows; a TurnState is one reply."""
 
 from __future__ import annotations
 
@@ -80,7 +75,7 @@ class Session:
     replies: dict[str, tuple[int, list[int]]] = field(default_factory=dict)  # turn -> (start in ids, reply ids)
 
     def truncate(self, length: int) -> None:
-        """Forget every input from `length` on (the KV cache is rolled back by the caller)."""
+        """Forget every input from `length` on (the caller rolls the KV cache back)."""
         del self.ids[length:]
         self.embeds.truncate(length)
         self.talker_done_upto = min(self.talker_done_upto, length)
