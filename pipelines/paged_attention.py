@@ -46,10 +46,8 @@ def _check(q, k_cache, v_cache, block_table, seq_lens, block_size) -> None:
         raise ValueError("all tensors must be on one device")
 
 
-def paged_decode_reference(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float, block_size: int,
-) -> torch.Tensor:
+def paged_decode_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                           seq_lens: torch.Tensor, scale: float, block_size: int) -> torch.Tensor:
     """Gathers every row's table-wide slots, masks keys past seq_len, softmax in float32."""
     _check(q, k_cache, v_cache, block_table, seq_lens, block_size)
     b, hq, d = q.shape
@@ -163,10 +161,9 @@ def default_partition(batch: int, kv_heads: int, context: int, device: torch.dev
     return min(max(triton.next_power_of_2(-(-context // parts)), 2 * TILE), 4096)
 
 
-def paged_decode_triton(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float, block_size: int, partition: int | None = None,
-) -> torch.Tensor:
+def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                        seq_lens: torch.Tensor, scale: float, block_size: int,
+                        partition: int | None = None) -> torch.Tensor:
     """The Triton kernel; `partition` (keys per partition, a power of two >= 16) overrides the default."""
     _check(q, k_cache, v_cache, block_table, seq_lens, block_size)
     b, hq, d = q.shape
@@ -200,10 +197,8 @@ def paged_decode_triton(
     return out
 
 
-def paged_decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float, block_size: int,
-) -> torch.Tensor:
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                           seq_lens: torch.Tensor, scale: float, block_size: int) -> torch.Tensor:
     """[B, Hq, D] decode attention: the Triton kernel on CUDA where triton imports, else the reference."""
     if q.is_cuda and triton is not None:
         return paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, scale, block_size)

@@ -24,18 +24,18 @@ from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
 from .held import Gate
-from .program import Emit, Program
+from .program import Emit, StagedProgram
 from .spec import ModelSpec
 from .stage import Stage
 from .types import AudioAhead, Event, Turn, TurnDone, TurnError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-__all__ = ["Emit", "Pipeline", "Program"]
+__all__ = ["Emit", "Pipeline", "StagedProgram"]
 
 
 class Pipeline:
-    def __init__(self, program: Program, idle_wait_s: float = 0.05) -> None:
+    def __init__(self, program: StagedProgram, idle_wait_s: float = 0.05) -> None:
         self.program = program
         self.idle_wait_s = idle_wait_s
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
@@ -142,7 +142,7 @@ class Pipeline:
         self.call(run)
         return future
 
-    # the program's methods, run on the engine thread (see Program for what each does)
+    # the program's methods, run on the engine thread (see StagedProgram for what each does)
     def stats(self, timeout_s: float = 30.0) -> dict:
         return self.request(self.program.counters).result(timeout_s)
 

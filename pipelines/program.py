@@ -1,4 +1,4 @@
-"""A model's side of the pipeline (`Program`), and the turn bookkeeping every model shares (`StagedProgram`).
+"""A model's side of the pipeline: the turn bookkeeping every model shares (`StagedProgram`), driven by Pipeline.
 
 A model subclasses StagedProgram and writes what is its own (`new_session`, `prepare`, `truncate_reply`,
 `mark` / `roll_back`, extra counters); the turn lifecycle, counting and KV checks live here once.
@@ -27,45 +27,6 @@ class ContextTooLong(ValueError):
     """A turn that cannot fit in the model's context (refused as `context_too_long`)."""
 
 
-class Program(Protocol):
-    """What the Pipeline drives: a model's stages and how a turn moves through them."""
-
-    spec: ModelSpec
-    stages: list[Stage]  # in pipeline order
-
-    def start_turn(self, turn: Turn, emit: Emit, held: bool = False) -> None:
-        """Pass a held Gate as `emit` to release a held turn's events from another thread."""
-        ...
-
-    def release_turn(self, turn_id: str) -> bool:
-        """A held turn becomes committed: its waiting events flow, then live ones. Whether it was held."""
-        ...
-
-    def discard_turn(self, turn_id: str) -> bool:
-        """Abort a held turn, emitting none of its events, and undo it (session, KV cache, slots, counters)."""
-        ...
-
-    def abort_turn(self, turn_id: str) -> None: ...
-
-    def end_session(self, session_id: str) -> None: ...
-
-    def capacity(self) -> dict[str, int]: ...
-
-    def counters(self) -> dict: ...
-
-    def kv_check(self) -> dict[str, int]:
-        """Check every KV cache's integrity; KV blocks in use per stage."""
-        ...
-
-    def truncate_reply(self, session_id: str, turn_id: str, audio_end_ms: int) -> tuple[str, bool]:
-        """Cut a reply to its first `audio_end_ms` of audio: (heard text, whether the cache rolled back)."""
-        ...
-
-    def audio_ahead(self) -> AudioAhead | None:
-        """A new encoder of one audio as it arrives (push from one thread, then Message.ahead), or None."""
-        ...
-
-
 class TurnHandle(Protocol):
     """What the bookkeeping needs of a model's per-turn state."""
 
@@ -84,7 +45,8 @@ class SessionHandle(Protocol):
 
 
 class StagedProgram:
-    """`session_stage`: the stage whose KV cache keeps each conversation between turns (capacity counts it)."""
+    """What the Pipeline drives: a model's stages (in pipeline order) and how a turn moves through them.
+    `session_stage`: the stage whose KV cache keeps each conversation between turns (capacity counts it)."""
 
     def __init__(self, spec: ModelSpec, stages: list[Stage], session_stage: str) -> None:
         self.spec = spec
@@ -111,6 +73,7 @@ class StagedProgram:
         return {}
 
     def audio_ahead(self) -> AudioAhead | None:
+        """A new encoder of one audio as it arrives (push from one thread, then Message.ahead), or None."""
         return None
 
     def mark(self, session: SessionHandle) -> object:
@@ -122,6 +85,7 @@ class StagedProgram:
         raise NotImplementedError
 
     def truncate_reply(self, session_id: str, turn_id: str, audio_end_ms: int) -> tuple[str, bool]:
+        """Cut a reply to its first `audio_end_ms` of audio: (heard text, whether the cache rolled back)."""
         raise NotImplementedError
 
     # shared
@@ -137,7 +101,8 @@ class StagedProgram:
 
     def start_turn(self, turn: Turn, emit: Emit, held: bool = False) -> None:
         """Register a turn's works, or refuse it (TurnError) before any work exists. Every turn started
-        here ends with exactly one TurnDone or TurnError. One held turn per session."""
+        here ends with exactly one TurnDone or TurnError. One held turn per session; pass a held Gate as
+        `emit` to release its events from another thread."""
         self.started += 1
         gate = emit if isinstance(emit, Gate) else Gate(emit, held)
         entry: HeldTurn | None = None
@@ -180,6 +145,7 @@ class StagedProgram:
             state.fail("internal_error", f"{type(e).__name__}: {e}")
 
     def release_turn(self, turn_id: str) -> bool:
+        """A held turn becomes committed: its waiting events flow, then live ones. Whether it was held."""
         entry = self.held.pop(turn_id, None)
         if entry is None:
             return False
@@ -190,6 +156,7 @@ class StagedProgram:
         return True
 
     def discard_turn(self, turn_id: str) -> bool:
+        """Abort a held turn, emitting none of its events, and undo it (session, KV cache, slots, counters)."""
         entry = self.held.pop(turn_id, None)
         if entry is None:
             return False
@@ -250,6 +217,7 @@ class StagedProgram:
         return {**{f"{n}_tokens": t for n, t in tokens.items()}, "sessions": sessions}
 
     def kv_check(self) -> dict[str, int]:
+        """Check every KV cache's integrity; KV blocks in use per stage."""
         for stage in self.stages:
             if stage.kv is not None:
                 stage.kv.check()

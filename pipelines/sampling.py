@@ -106,14 +106,8 @@ class Sampler:
         tensors = (torch.tensor(values[k], dtype=dt, device=device) for k, (dt, _) in FIELDS.items())
         return cls(*tensors, any(p.repetition_penalty != 1.0 for p in params), all(p.greedy for p in params))
 
-    def __call__(
-        self,
-        logits: torch.Tensor,
-        step: torch.Tensor,
-        seen: torch.Tensor | None = None,
-        suppress: torch.Tensor | None = None,
-        gumbel: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, step: torch.Tensor, seen: torch.Tensor | None = None,
+                 suppress: torch.Tensor | None = None, gumbel: torch.Tensor | None = None) -> torch.Tensor:
         """logits [B, V] -> ids [B]. step [B]: the row's sampling counter; suppress: [V] or [B, V] bool;
         gumbel: this step's `gumbel_noise` when it was made ahead (several steps at once)."""
         logits = logits.float()
