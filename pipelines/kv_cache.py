@@ -72,16 +72,13 @@ class PagedKVCache:
     def has(self, seq: str) -> bool:
         return seq in self.seqs
 
-    def blocks_needed(self, seq: str, new_tokens: int) -> int:
-        s = self.seqs.get(seq, SeqBlocks())
-        return max(0, self.layout.blocks_for(s.length + new_tokens) - len(s.blocks))
-
     def reserve(self, seq: str, new_tokens: int) -> None:
         """Make room for `new_tokens` more tokens of `seq`; raises OutOfBlocks, allocating nothing."""
-        need = self.blocks_needed(seq, new_tokens)
+        s = self.seqs.get(seq, SeqBlocks())
+        need = max(0, self.layout.blocks_for(s.length + new_tokens) - len(s.blocks))
         if need > len(self.free):
             raise OutOfBlocks(f"{seq} needs {need} blocks, {len(self.free)} free")
-        s = self.seqs.setdefault(seq, SeqBlocks())
+        self.seqs[seq] = s
         self.seqs.move_to_end(seq)
         s.blocks.extend(self.free.pop() for _ in range(need))
 

@@ -211,11 +211,8 @@ class TurnState:
             return
         now = time.perf_counter()
         seconds = self.audio_samples / self.rate if self.rate else 0.0
-        timings = {"total_ms": (now - self.t_start) * 1e3}
-        if self.t_first_text is not None:
-            timings["first_text_ms"] = (self.t_first_text - self.t_start) * 1e3
-        if self.t_first_audio is not None:
-            timings["first_audio_ms"] = (self.t_first_audio - self.t_start) * 1e3
+        marks = {"total_ms": now, "first_text_ms": self.t_first_text, "first_audio_ms": self.t_first_audio}
+        timings = {k: (t - self.t_start) * 1e3 for k, t in marks.items() if t is not None}
         if seconds > 0:
             timings["rtf"] = (now - self.t_start) / seconds
         tail = self.decoder.flush()
