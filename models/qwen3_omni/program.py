@@ -113,17 +113,16 @@ class Qwen3OmniProgram(StagedProgram):
         opts = TurnSettings.resolve(turn.options, self.spec)  # unknown voices fail here, before any work
         features, turns = [], []
         for m in turn.messages:
-            tokens = 0
+            frames = 0
             if isinstance(m.ahead, AudioStream) and m.audio is not None and m.audio.numel() > 200 \
                     and m.ahead.holds(m.audio):
                 features.append(m.ahead)  # encoded as it arrived: the encoder step finishes only the tail
-                tokens = int(audio_token_count(m.audio.numel() // 160, self.model.cfg.thinker.audio.n_window))
+                frames = m.audio.numel() // 160
             elif m.audio is not None:
                 feats, mask = log_mel([m.audio.float().cpu()])
                 frames = int(mask.sum())
                 features.append(feats[0, :, :frames])
-                tokens = int(audio_token_count(frames, self.model.cfg.thinker.audio.n_window))
-            turns.append(self._chat_turn(m, tokens))
+            turns.append(self._chat_turn(m, int(audio_token_count(frames, self.model.cfg.thinker.audio.n_window))))
         if opts.tools and not session.ids:
             turns = with_tools(turns, list(opts.tools), opts.tool_choice)
         im_end = self.model.cfg.im_end_token_id
