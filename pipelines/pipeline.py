@@ -81,9 +81,8 @@ class Pipeline:
         self._commands.put(fn)
 
     def submit(self, turn: Turn, held: bool = False) -> AsyncIterator[Event]:
-        """Start a turn; its events arrive in order and end with TurnDone or TurnError. Closing the
-        iterator early (or dropping it) aborts the turn. A `held` turn's events arrive only after
-        `release`; after `discard` none ever arrive (close the iterator)."""
+        """Start a turn; its events arrive in order and end with TurnDone or TurnError; closing the iterator
+        early aborts it. A `held` turn's events arrive only after `release`, never after `discard`."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
         gone = False

@@ -64,9 +64,8 @@ class StagedProgram:
         raise NotImplementedError
 
     def prepare(self, session: SessionHandle, turn: Turn, emit: Emit) -> tuple[TurnHandle, list[tuple[Stage, object]]]:
-        """The turn's state and its works, or an exception: ContextTooLong, ValueError (the request's
-        fault), anything else (a bug: that turn alone fails). Nothing of the session may change before
-        the last thing that can fail."""
+        """The turn's state and works, or ContextTooLong / ValueError (the request's fault; anything else fails
+        that turn alone). Nothing of the session may change before the last thing that can fail."""
         raise NotImplementedError
 
     def extra_counters(self) -> dict:
