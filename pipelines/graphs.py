@@ -1,11 +1,9 @@
 """The one graph runner: a fixed-shape step, captured once per batch bucket, replayed on padded batches.
 
-A step is a pure function of tensors: it reads its inputs from static buffers (allocated once at the
-largest bucket, each call writing its rows into the front of them) and returns its outputs. With
-CUDA graphs on, each bucket's step is captured at start, largest first, into one shared memory pool;
-a call copies the real rows in, pads the rest, replays, and returns the first n rows of the outputs
-(cloned, since the next replay overwrites them). With graphs off (CPU, `--no-cuda-graphs`) the same
-buffers and the same padding run eagerly, so both paths compute the same thing.
+A step is a pure function of static buffers (allocated at the largest bucket; a call writes its rows into
+their front and pads the rest). With CUDA graphs on, each bucket is captured at start, largest first, into
+one shared pool, and a call replays it and clones the first n output rows; with graphs off the same buffers
+and padding run eagerly, so both paths compute the same thing.
 """
 
 from __future__ import annotations
@@ -107,8 +105,8 @@ class GraphRunner:
 
 
 class PrefillGraphs:
-    """Fixed-shape prefills: up to PREFILL_ROWS[-1] sequences per call, each padded to a token bucket,
-    attending over a context-width bucket; one GraphRunner (batch buckets over sequences) per shape."""
+    """Fixed-shape prefills: up to ROWS[-1] sequences per call, each padded to a token bucket and attending
+    over a context bucket; one GraphRunner per shape."""
 
     TOKENS = (32, 128, 512)  # new tokens per sequence
     CONTEXTS = (1024, 4096)  # cached + new tokens per sequence

@@ -1,10 +1,8 @@
 """Held turns: a turn that runs (encode, prefill, generate) while its events wait, to be released or discarded.
 
-A gateway starts one when the user has probably finished speaking but has not committed yet. On the
-commit it releases the turn: the waiting events flow at once, then live ones. If the user goes on
-speaking it discards the turn: the turn is aborted, its events dropped, and the session rolled back to
-exactly what it was before (the model's `mark` / `roll_back` hooks). Held work runs only in engine
-iterations where no committed work ran, and never takes KV blocks from committed work.
+A gateway starts one when the user has probably finished speaking but not committed; on the commit it
+releases it, and if the user goes on speaking it discards it (aborted, events dropped, the session rolled
+back by the model's `mark` / `roll_back`). Held work runs only in iterations where no committed work ran.
 """
 
 from __future__ import annotations
@@ -20,9 +18,8 @@ Emit = Callable[[Event], None]
 
 @dataclass
 class Gate:
-    """Passes a turn's events on, or keeps them while the turn is held; a dropped gate passes nothing.
-    Thread-safe: the engine emits into it while the gateway releases it (the waiting events flow at once,
-    without waiting for the engine's current step)."""
+    """Passes a turn's events on, or keeps them while held; a dropped gate passes nothing. Thread-safe: the
+    engine emits into it while the gateway releases it."""
 
     emit: Emit
     held: bool = False

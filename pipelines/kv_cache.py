@@ -1,11 +1,8 @@
 """Paged KV cache: fixed-size blocks in one preallocated pool per layer, a block table per sequence.
 
-The paged cache's batch views (`BatchKV` here, and pipelines/kv_views.py's fixed-shape ones) implement
-models.common.layers.KVCache, what an attention layer of any model needs from a cache.
-
-A sequence (one session's conversation, or one stream of a later stage) owns a list of blocks; its token i
-lives in slot `blocks[i // block_size] * block_size + i % block_size`. Blocks come back on release,
-truncate (rollback) and eviction. `check()` verifies that every block is free or owned exactly once.
+A sequence (a session's conversation, or a stream of a later stage) owns a list of blocks; its token i lives
+in slot `blocks[i // block_size] * block_size + i % block_size`. Its batch views (`BatchKV` here, kv_views.py's
+fixed-shape ones) implement models.common.layers.KVCache.
 """
 
 from __future__ import annotations
@@ -75,16 +72,13 @@ class PagedKVCache:
     def has(self, seq: str) -> bool:
         return seq in self.seqs
 
-    def blocks_needed(self, seq: str, new_tokens: int) -> int:
-        s = self.seqs.get(seq, SeqBlocks())
-        return max(0, self.layout.blocks_for(s.length + new_tokens) - len(s.blocks))
-
     def reserve(self, seq: str, new_tokens: int) -> None:
         """Make room for `new_tokens` more tokens of `seq`; raises OutOfBlocks, allocating nothing."""
-        need = self.blocks_needed(seq, new_tokens)
+        s = self.seqs.get(seq, SeqBlocks())
+        need = max(0, self.layout.blocks_for(s.length + new_tokens) - len(s.blocks))
         if need > len(self.free):
             raise OutOfBlocks(f"{seq} needs {need} blocks, {len(self.free)} free")
-        s = self.seqs.setdefault(seq, SeqBlocks())
+        self.seqs[seq] = s
         self.seqs.move_to_end(seq)
         s.blocks.extend(self.free.pop() for _ in range(need))
 
@@ -128,13 +122,12 @@ class PagedKVCache:
         return blocks[pos // self.layout.block_size] * self.layout.block_size + pos % self.layout.block_size
 
     def batch(self, rows: list[tuple[str, int]]) -> BatchKV:
-        """A view for one forward over `rows` = [(seq, new_tokens)], each after its cached tokens."""
+        """A view for one forward over `rows` = [(seq, new_tokens)]."""
         return BatchKV(self, rows)
 
 
 class BatchKV:
-    """Implements models' KVCache protocol for a padded batch: row r has past_r cached tokens and n_r
-    new ones (padded to the longest). Index tensors are built once on the host per step."""
+    """A padded batch: row r has past_r cached tokens and n_r new ones. Indices are built on the host per step."""
 
     def __init__(self, cache: PagedKVCache, rows: list[tuple[str, int]]) -> None:
         self.cache = cache

@@ -1,11 +1,9 @@
 """Fixed-shape KV views over the paged cache, block tables read on the device (CUDA-graph safe).
 
-Decode (`DecodeKV`): one new token per row; row r writes its token's K/V at `write_slots[r]` and
-attends over the first `seq_lens[r]` slots its block-table row names, through the paged kernel.
-Prefill (`PrefillKV`): the bucket's tokens of ONE sequence; token i writes at `write_slots[i]` and
-attends causally over the sequence's table-wide slots, gathered once per step. Every shape depends
-only on the bucket and the table width. Padding rows and tokens write to a scratch slot that no
-sequence owns; a padding decode row attends over nothing.
+Row r (a sequence) writes its new tokens' K/V at `write_slots[r]` and attends over the first `seq_lens[r]`
+slots its block-table row names: a decode row (one token) through the paged kernel, a prefill row causally
+over its table-wide slots, gathered once per step. Every shape depends only on the bucket and the table
+width. Padding rows and tokens write to a scratch slot that no sequence owns.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ def prefill_inputs(tokens: int, max_blocks: int, cache: PagedKVCache) -> dict[st
         "positions": Input((tokens,), torch.long, 0),
         "write_slots": Input((tokens,), torch.long, cache.scratch_slot),
         "block_table": Input((max_blocks,), torch.int32, scratch_block),
-        "seq_len": Input((), torch.long, 1),
+        "seq_lens": Input((), torch.long, 1),
     }
 
 
@@ -40,7 +38,7 @@ class PrefillKV:
         bs = cache.layout.block_size
         table = buffers["block_table"].long()
         key_pos = torch.arange(table.shape[1] * bs, device=table.device)
-        visible = key_pos[None, :] < buffers["seq_len"][:, None]  # [S, W]
+        visible = key_pos[None, :] < buffers["seq_lens"][:, None]  # [S, W]
         slots = table[:, key_pos // bs] * bs + key_pos % bs
         self.read = torch.where(visible, slots, slots[:, :1])  # hidden keys read the row's own first slot
         self.positions = buffers["positions"]  # [S, T]
@@ -65,18 +63,19 @@ def prefill_rows(cache: PagedKVCache, rows: list[tuple[str, int]], tokens: int, 
     for r, (key, n) in enumerate(rows):
         seq = cache.seqs[key]
         if len(seq.blocks) > max_blocks or n > tokens:
-            raise ValueError(f"{key}: {n} tokens over {len(seq.blocks)} blocks exceed the prefill step's shape")
+            raise ValueError(f"{key}: {n} tokens over {len(seq.blocks)} blocks exceed the step's {tokens} tokens "
+                             f"over {max_blocks} blocks")
         blocks = np.asarray(seq.blocks, dtype=np.int64)
         pos[r] = seq.length + np.arange(tokens)
         real = pos[r, :n]
         write[r, :n] = blocks[real // bs] * bs + real % bs
         table[r, : len(blocks)] = blocks
         lens[r] = seq.length + n
-    return {"positions": pos, "write_slots": write, "block_table": table, "seq_len": lens}
+    return {"positions": pos, "write_slots": write, "block_table": table, "seq_lens": lens}
 
 
 def decode_inputs(max_blocks: int, scratch_slot: int) -> dict[str, Input]:
-    """The static inputs a decode step's KV view reads (see `rows`)."""
+    """The static inputs a decode step's KV view reads; a padding row attends over nothing."""
     return {
         "positions": Input((1,), torch.long, 0),
         "write_slots": Input((), torch.long, scratch_slot),
@@ -104,20 +103,5 @@ class DecodeKV:
 
 
 def rows(cache: PagedKVCache, keys: list[str], max_blocks: int) -> dict[str, np.ndarray]:
-    """Host values of the decode inputs for sequences `keys`, each getting one new token after what is
-    cached (blocks already reserved)."""
-    bs = cache.layout.block_size
-    n = len(keys)
-    table = np.zeros((n, max_blocks), dtype=np.int32)
-    past = np.zeros(n, dtype=np.int64)
-    slots = np.zeros(n, dtype=np.int64)
-    for i, key in enumerate(keys):
-        seq = cache.seqs[key]
-        blocks = seq.blocks
-        if len(blocks) > max_blocks:
-            raise ValueError(f"{key}: {len(blocks)} blocks exceed the decode step's {max_blocks}")
-        table[i, : len(blocks)] = blocks
-        past[i] = seq.length
-        slots[i] = blocks[seq.length // bs] * bs + seq.length % bs
-    return {"positions": past[:, None], "write_slots": slots, "block_table": table,
-            "seq_lens": (past + 1).astype(np.int32)}
+    """Host values of the decode inputs: one new token of each sequence in `keys` (blocks reserved)."""
+    return prefill_rows(cache, [(key, 1) for key in keys], 1, max_blocks)

@@ -1,9 +1,7 @@
 """ModelRunner: runs one scheduled batch of a stage through its model on the stage's device.
 
-The model-specific part (what goes in, what comes out) is the stage's `StepModel`, written beside the
-model (models/<name>/stages.py). The runner owns how the forward runs: inference mode, the fixed-shape
-decode path when the model has one (its static buffers and CUDA graphs are pipelines.graphs'), else
-the paged KV view for exactly these rows; committing the cached lengths afterwards; and timing.
+The model's part is its `StepModel`; the runner picks the fixed-shape decode when the model has one, else
+the paged KV view for exactly these rows, then commits the cached lengths and times the step.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Decode attention over the paged KV cache, reading each row's block table on the device.
 
-One query per row (the row's newest token, whose K/V is already in the cache) attends to keys
-0..seq_len-1 of its row; key i lives in slot `block_table[row, i // block_size] * block_size +
-i % block_size` of one layer's pool (`PagedKVCache.k[layer]`, [num_slots, Hkv, D]).
-
-The Triton kernel is flash-decoding: grid (B, Hkv, P) with P partitions of the table's width
-(max_blocks * block_size), so every shape is fixed by the arguments' shapes and a call can be
-captured in a CUDA graph. A program reads its partition's K/V once for all query heads of its kv
-head; partitions past a row's length do no work; a second kernel merges the partitions by their
-log-sum-exp. Lengths past the table's width are clamped to it (a device kernel cannot raise).
-`paged_decode_reference` is the same function in plain torch: the tests' reference and the CPU path.
+One query per row (its newest token, K/V already cached) attends to keys 0..seq_len-1 of its row in one
+layer's pool ([num_slots, Hkv, D]). The Triton kernel is flash-decoding: grid (B, Hkv, P) over P partitions
+of the table's width, so shapes are fixed and a call can be captured in a CUDA graph; a program reads its
+partition's K/V once for all query heads of its kv head, and a second kernel merges partitions by log-sum-exp.
+Lengths past the table's width are clamped (a device kernel cannot raise). `paged_decode_reference` is the
+same in plain torch: the tests' reference and the CPU path.
 """
 
 from __future__ import annotations
@@ -50,10 +46,8 @@ def _check(q, k_cache, v_cache, block_table, seq_lens, block_size) -> None:
         raise ValueError("all tensors must be on one device")
 
 
-def paged_decode_reference(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float, block_size: int,
-) -> torch.Tensor:
+def paged_decode_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                           seq_lens: torch.Tensor, scale: float, block_size: int) -> torch.Tensor:
     """Gathers every row's table-wide slots, masks keys past seq_len, softmax in float32."""
     _check(q, k_cache, v_cache, block_table, seq_lens, block_size)
     b, hq, d = q.shape
@@ -167,10 +161,9 @@ def default_partition(batch: int, kv_heads: int, context: int, device: torch.dev
     return min(max(triton.next_power_of_2(-(-context // parts)), 2 * TILE), 4096)
 
 
-def paged_decode_triton(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float, block_size: int, partition: int | None = None,
-) -> torch.Tensor:
+def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                        seq_lens: torch.Tensor, scale: float, block_size: int,
+                        partition: int | None = None) -> torch.Tensor:
     """The Triton kernel; `partition` (keys per partition, a power of two >= 16) overrides the default."""
     _check(q, k_cache, v_cache, block_table, seq_lens, block_size)
     b, hq, d = q.shape
@@ -204,10 +197,8 @@ def paged_decode_triton(
     return out
 
 
-def paged_decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float, block_size: int,
-) -> torch.Tensor:
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                           seq_lens: torch.Tensor, scale: float, block_size: int) -> torch.Tensor:
     """[B, Hq, D] decode attention: the Triton kernel on CUDA where triton imports, else the reference."""
     if q.is_cuda and triton is not None:
         return paged_decode_triton(q, k_cache, v_cache, block_table, seq_lens, scale, block_size)

@@ -8,10 +8,8 @@
     pipeline.abort(turn_id); pipeline.end_session(session_id); pipeline.close()
 
 The engine thread owns every model, cache and work item; other threads only queue commands, so the
-asyncio loop hosting the gateway never blocks on a model step. Each engine iteration runs one batch of
-each stage in pipeline order, so a turn's data can pass through every stage within one iteration: the
-first audio frame of a reply can be decoded in the same iteration that made it. Held turns' work runs
-only in iterations where no committed work ran.
+gateway's asyncio loop never blocks on a model step. Each iteration runs one batch of each stage in
+pipeline order, so a reply's first frame can be decoded in the iteration that made it.
 """
 
 from __future__ import annotations
@@ -26,18 +24,18 @@ from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
 from .held import Gate
-from .program import Emit, Program
+from .program import Emit, StagedProgram
 from .spec import ModelSpec
 from .stage import Stage
 from .types import AudioAhead, Event, Turn, TurnDone, TurnError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-__all__ = ["Emit", "Pipeline", "Program"]
+__all__ = ["Emit", "Pipeline", "StagedProgram"]
 
 
 class Pipeline:
-    def __init__(self, program: Program, idle_wait_s: float = 0.05) -> None:
+    def __init__(self, program: StagedProgram, idle_wait_s: float = 0.05) -> None:
         self.program = program
         self.idle_wait_s = idle_wait_s
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
@@ -83,9 +81,8 @@ class Pipeline:
         self._commands.put(fn)
 
     def submit(self, turn: Turn, held: bool = False) -> AsyncIterator[Event]:
-        """Start a turn; its events arrive in order and end with TurnDone or TurnError. Closing the
-        iterator early (or dropping it) aborts the turn. A `held` turn's events arrive only after
-        `release`; after `discard` none ever arrive (close the iterator)."""
+        """Start a turn; its events arrive in order and end with TurnDone or TurnError; closing the iterator
+        early aborts it. A `held` turn's events arrive only after `release`, never after `discard`."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
         gone = False
@@ -132,8 +129,7 @@ class Pipeline:
         return out
 
     def request(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
-        """Run `fn` on the engine thread between steps; its result (or exception) in a Future
-        (`await asyncio.wrap_future(...)` from asyncio code)."""
+        """Run `fn` on the engine thread between steps; its result (or exception) in a Future."""
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def run() -> None:
@@ -145,46 +141,36 @@ class Pipeline:
         self.call(run)
         return future
 
+    # the program's methods, run on the engine thread (see StagedProgram for what each does)
     def stats(self, timeout_s: float = 30.0) -> dict:
-        """The program's counters, read on the engine thread between steps."""
         return self.request(self.program.counters).result(timeout_s)
 
     def capacity(self) -> dict[str, int]:
-        """Tokens per KV cache and conversations of a typical length at once (fixed at start)."""
         return self.program.capacity()
 
     def kv_check(self, timeout_s: float = 30.0) -> dict[str, int]:
-        """Every KV cache's integrity check, on the engine thread; blocks in use per stage."""
         return self.request(self.program.kv_check).result(timeout_s)
 
     def truncate_reply(self, session_id: str, turn_id: str, audio_end_ms: int) -> concurrent.futures.Future:
-        """Cut a reply back to what was heard (its first `audio_end_ms` of audio), on the engine thread:
-        a Future of (heard text, whether the session's cache rolled back to it)."""
         return self.request(lambda: self.program.truncate_reply(session_id, turn_id, audio_end_ms))
 
     def audio_ahead(self) -> AudioAhead | None:
-        """An encoder of one audio as it arrives (push pieces from any one thread, then put it on the
-        Message), or None when the model has none."""
         return self.program.audio_ahead()
 
     def release(self, turn_id: str) -> concurrent.futures.Future[bool]:
-        """A held turn's waiting events flow now (from this thread, not after the engine's current step),
-        then live ones; it is scheduled as committed work from the engine's next step. A Future of
-        whether it was held."""
-        with self._lock:
-            gate = self._gates.pop(turn_id, None)
-        if gate is not None:
-            gate.release()
+        """Release a held turn: its waiting events flow now, from this thread, not after the engine's step."""
+        self._gate(turn_id, Gate.release)
         return self.request(lambda: self.program.release_turn(turn_id))
 
     def discard(self, turn_id: str) -> concurrent.futures.Future[bool]:
-        """Abort a held turn and undo it (session, KV cache, slots, counters); none of its events is ever
-        emitted. A Future of whether it was held."""
+        self._gate(turn_id, Gate.drop)
+        return self.request(lambda: self.program.discard_turn(turn_id))
+
+    def _gate(self, turn_id: str, action: Callable[[Gate], None]) -> None:
         with self._lock:
             gate = self._gates.pop(turn_id, None)
         if gate is not None:
-            gate.drop()
-        return self.request(lambda: self.program.discard_turn(turn_id))
+            action(gate)
 
     def abort(self, turn_id: str) -> None:
         self.call(lambda: self.program.abort_turn(turn_id))

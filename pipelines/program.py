@@ -1,9 +1,7 @@
-"""A model's side of the pipeline (`Program`), and the turn bookkeeping every model shares (`StagedProgram`).
+"""A model's side of the pipeline: the turn bookkeeping every model shares (`StagedProgram`), driven by Pipeline.
 
-A model subclasses StagedProgram and writes what is its own: `new_session`, `prepare` (a turn's state
-and one Work per stage it passes through), `truncate_reply`, `mark` / `roll_back` (undoing a held turn)
-and its extra counters. Starting, refusing, holding, releasing, discarding, aborting and closing turns,
-ending sessions, counting, KV capacity and the integrity check live here once.
+A model subclasses StagedProgram and writes what is its own (`new_session`, `prepare`, `truncate_reply`,
+`mark` / `roll_back`, extra counters); the turn lifecycle, counting and KV checks live here once.
 """
 
 from __future__ import annotations
@@ -29,46 +27,6 @@ class ContextTooLong(ValueError):
     """A turn that cannot fit in the model's context (refused as `context_too_long`)."""
 
 
-class Program(Protocol):
-    """What the Pipeline drives: a model's stages and how a turn moves through them."""
-
-    spec: ModelSpec
-    stages: list[Stage]  # in pipeline order
-
-    def start_turn(self, turn: Turn, emit: Emit, held: bool = False) -> None:
-        """A `held` turn's events go to `emit` only once released: pass a held Gate to release them from
-        another thread (Pipeline.release) without waiting for the engine."""
-        ...
-
-    def release_turn(self, turn_id: str) -> bool: ...
-
-    def discard_turn(self, turn_id: str) -> bool: ...
-
-    def abort_turn(self, turn_id: str) -> None: ...
-
-    def end_session(self, session_id: str) -> None: ...
-
-    def capacity(self) -> dict[str, int]:
-        """Tokens per cache and `sessions`, conversations of a typical length at once (fixed at start)."""
-        ...
-
-    def counters(self) -> dict:
-        """Plain numbers (turns started/ended, KV blocks and live works per stage) for tests and /metrics."""
-        ...
-
-    def kv_check(self) -> dict[str, int]:
-        """Check every KV cache's integrity; KV blocks in use per stage."""
-        ...
-
-    def truncate_reply(self, session_id: str, turn_id: str, audio_end_ms: int) -> tuple[str, bool]:
-        """Cut a reply to its first `audio_end_ms` of audio: (heard text, whether the cache rolled back)."""
-        ...
-
-    def audio_ahead(self) -> AudioAhead | None:
-        """A new encoder of one audio as it arrives (Message.ahead), or None if the model has none."""
-        ...
-
-
 class TurnHandle(Protocol):
     """What the bookkeeping needs of a model's per-turn state."""
 
@@ -87,7 +45,8 @@ class SessionHandle(Protocol):
 
 
 class StagedProgram:
-    """`session_stage`: the stage whose KV cache keeps each conversation between turns (capacity counts it)."""
+    """What the Pipeline drives: a model's stages (in pipeline order) and how a turn moves through them.
+    `session_stage`: the stage whose KV cache keeps each conversation between turns (capacity counts it)."""
 
     def __init__(self, spec: ModelSpec, stages: list[Stage], session_stage: str) -> None:
         self.spec = spec
@@ -105,15 +64,15 @@ class StagedProgram:
         raise NotImplementedError
 
     def prepare(self, session: SessionHandle, turn: Turn, emit: Emit) -> tuple[TurnHandle, list[tuple[Stage, object]]]:
-        """The turn's state and its works, or an exception: ContextTooLong, ValueError (the request's
-        fault), anything else (a bug: that turn alone fails). Nothing of the session may change before
-        the last thing that can fail."""
+        """The turn's state and works, or ContextTooLong / ValueError (the request's fault; anything else fails
+        that turn alone). Nothing of the session may change before the last thing that can fail."""
         raise NotImplementedError
 
     def extra_counters(self) -> dict:
         return {}
 
     def audio_ahead(self) -> AudioAhead | None:
+        """A new encoder of one audio as it arrives (push from one thread, then Message.ahead), or None."""
         return None
 
     def mark(self, session: SessionHandle) -> object:
@@ -125,6 +84,7 @@ class StagedProgram:
         raise NotImplementedError
 
     def truncate_reply(self, session_id: str, turn_id: str, audio_end_ms: int) -> tuple[str, bool]:
+        """Cut a reply to its first `audio_end_ms` of audio: (heard text, whether the cache rolled back)."""
         raise NotImplementedError
 
     # shared
@@ -140,8 +100,8 @@ class StagedProgram:
 
     def start_turn(self, turn: Turn, emit: Emit, held: bool = False) -> None:
         """Register a turn's works, or refuse it (TurnError) before any work exists. Every turn started
-        here ends with exactly one TurnDone or TurnError (`counters` counts both). A `held` turn runs but
-        its events wait for `release_turn`; `discard_turn` undoes it (one held turn per session)."""
+        here ends with exactly one TurnDone or TurnError. One held turn per session; pass a held Gate as
+        `emit` to release its events from another thread."""
         self.started += 1
         gate = emit if isinstance(emit, Gate) else Gate(emit, held)
         entry: HeldTurn | None = None
@@ -184,7 +144,7 @@ class StagedProgram:
             state.fail("internal_error", f"{type(e).__name__}: {e}")
 
     def release_turn(self, turn_id: str) -> bool:
-        """A held turn becomes a committed one: its waiting events flow now, then live ones."""
+        """A held turn becomes committed: its waiting events flow, then live ones. Whether it was held."""
         entry = self.held.pop(turn_id, None)
         if entry is None:
             return False
@@ -195,8 +155,7 @@ class StagedProgram:
         return True
 
     def discard_turn(self, turn_id: str) -> bool:
-        """Abort a held turn and undo it: no event of it is ever emitted, and its session, KV cache,
-        slots and counters are as before it started."""
+        """Abort a held turn, emitting none of its events, and undo it (session, KV cache, slots, counters)."""
         entry = self.held.pop(turn_id, None)
         if entry is None:
             return False
@@ -239,13 +198,12 @@ class StagedProgram:
                 work.release()
 
     def counters(self) -> dict:
-        """Turns started and ended (each ends once), live turns and sessions, KV blocks in use and live
-        works per stage: what tests check returns to zero, and what /metrics can show."""
+        """Plain numbers for tests (what returns to zero) and /metrics."""
         return {
             "turns_started": self.started, "turns_ended": self.ended, "turns_active": len(self.turns),
             "sessions": len(self.sessions), "held": len(self.held),
             "held_released": self.released, "held_discarded": self.discarded,
-            "kv_blocks": {s.name: s.kv.layout.num_blocks - s.kv.num_free for s in self.stages if s.kv is not None},
+            "kv_blocks": self._blocks_used(),
             "works": {s.name: len(s.scheduler.works) for s in self.stages},
             **self.extra_counters(),
             "kv_capacity": self.capacity(),
@@ -258,9 +216,11 @@ class StagedProgram:
         return {**{f"{n}_tokens": t for n, t in tokens.items()}, "sessions": sessions}
 
     def kv_check(self) -> dict[str, int]:
-        used = {}
+        """Check every KV cache's integrity; KV blocks in use per stage."""
         for stage in self.stages:
             if stage.kv is not None:
                 stage.kv.check()
-                used[stage.name] = stage.kv.layout.num_blocks - stage.kv.num_free
-        return used
+        return self._blocks_used()
+
+    def _blocks_used(self) -> dict[str, int]:
+        return {s.name: s.kv.layout.num_blocks - s.kv.num_free for s in self.stages if s.kv is not None}

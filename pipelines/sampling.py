@@ -1,9 +1,8 @@
 """Batched token sampling on the device, without host syncs.
 
-Each row has its own parameters and seed. Randomness is counter based (seed, step, token index hashed
-to a uniform), and a token is drawn by the Gumbel-max rule, so a row's draw does not depend on which
-other rows share the batch: batched and one-by-one runs sample the same tokens.
-Processing order follows the reference: repetition penalty, suppressed ids, temperature, top-k, top-p.
+Randomness is counter based (seed, step, token index hashed to a uniform) and drawn by the Gumbel-max rule,
+so a row's draw does not depend on its batch. Order as the reference: repetition penalty, suppressed ids,
+temperature, top-k, top-p.
 """
 
 from __future__ import annotations
@@ -88,8 +87,8 @@ def top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) 
 
 @dataclass
 class Sampler:
-    """Per-row parameters as [B] device tensors; `__call__` is pure tensor work. `any_penalty` and
-    `all_greedy` let a step skip work on the host; a captured step keeps the defaults (full path)."""
+    """Per-row parameters as [B] device tensors. `any_penalty`, `all_greedy`: host shortcuts (a captured step
+    keeps the defaults, the full path)."""
 
     greedy: torch.Tensor
     temperature: torch.Tensor
@@ -107,14 +106,8 @@ class Sampler:
         tensors = (torch.tensor(values[k], dtype=dt, device=device) for k, (dt, _) in FIELDS.items())
         return cls(*tensors, any(p.repetition_penalty != 1.0 for p in params), all(p.greedy for p in params))
 
-    def __call__(
-        self,
-        logits: torch.Tensor,
-        step: torch.Tensor,
-        seen: torch.Tensor | None = None,
-        suppress: torch.Tensor | None = None,
-        gumbel: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, step: torch.Tensor, seen: torch.Tensor | None = None,
+                 suppress: torch.Tensor | None = None, gumbel: torch.Tensor | None = None) -> torch.Tensor:
         """logits [B, V] -> ids [B]. step [B]: the row's sampling counter; suppress: [V] or [B, V] bool;
         gumbel: this step's `gumbel_noise` when it was made ahead (several steps at once)."""
         logits = logits.float()

@@ -1,16 +1,12 @@
 """Scheduler: picks what one stage runs next, and keeps its KV cache honest.
 
-Every unit of work is a sequence with a history of inputs, of which the first `kv.length(key)` are in
-the cache. A step feeds the rest (`pending()` inputs) and samples. Many pending inputs is a prefill,
-one is a decode: a sequence whose cache was evicted or preempted simply becomes a prefill again and is
-recomputed from its history.
+A work is a sequence with a history of inputs, the first `kv.length(key)` of them cached; a step feeds the
+rest (`pending()`): many is a prefill, one a decode, and an evicted or preempted sequence is recomputed.
 
-Order: a new turn's prefill is what stands between a listener and their first audio, so prefills go
-first, within a token budget per step. The exception is a stream that is still ahead of real time but
-about to run dry (less than URGENT_S buffered): it is served first, so it does not glitch. A stream that
-is already behind is not helped by starving new turns. Decodes run most urgent first, up to max_batch.
-Held works (turns started before their commit, pipelines/held.py) are scheduled apart (`schedule(held=True)`,
-which the pipeline calls only when no committed work ran), and never take KV blocks from committed work.
+A new turn's prefill stands between a listener and their first audio, so prefills go first, within a token
+budget, unless a stream still ahead of real time is about to run dry (under URGENT_S buffered); one already
+behind is not helped by starving new turns. Decodes run most urgent first. Held works are scheduled apart
+(`schedule(held=True)`) and never take KV blocks from committed work.
 """
 
 from __future__ import annotations
@@ -122,8 +118,7 @@ class Scheduler:
         return Batch(chosen, [1] * len(chosen), prefill=False)
 
     def _reserve(self, w: Work, n: int, protected: set[str]) -> bool:
-        """Room for n more tokens of w: evict idle caches, then preempt less urgent works; a request
-        that cannot fit even in an empty cache fails with a clear error."""
+        """Room for n more tokens of w (evicting, preempting); one that cannot fit an empty cache fails."""
         kv = self.kv
         if kv is None:
             return True

@@ -10,12 +10,8 @@ from .sampling import SamplingParams
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A served model's facts and capabilities.
-
-    `input_rate`: Hz of the mono audio it hears (`Message.audio`), 0 if it hears none. `output_rate` and
-    `frame_samples`: Hz of the audio it speaks and samples per codec frame, 0 if it does not speak.
-    `sampling`: default sampling per stage name (what `GenerationOptions.sampling` overrides).
-    """
+    """`input_rate`: Hz of the mono audio it hears, 0 if none. `output_rate` and `frame_samples`: Hz of the
+    audio it speaks and samples per codec frame, 0 if it does not speak. `sampling`: defaults per stage."""
 
     name: str  # the model id /v1/models reports by default
     family: str  # the model folder's name for itself (config.json's model_type)

@@ -14,7 +14,7 @@ from .scheduler import Scheduler, Work
 
 @dataclass(frozen=True)
 class StageConfig:
-    """Placement and capacity of one stage. `kv_blocks` 0 means the stage keeps no KV cache."""
+    """Placement and capacity of one stage (`kv_blocks` 0: no KV cache)."""
 
     name: str
     device: str = "cpu"
@@ -33,7 +33,7 @@ class StageConfig:
 
     @property
     def buckets(self) -> tuple[int, ...]:
-        """Batch sizes a fixed-shape step is built for: the standard buckets up to max_batch."""
+        """Batch sizes of its fixed-shape steps."""
         return tuple(b for b in BUCKETS if b < self.max_batch) + (self.max_batch,)
 
     @property
@@ -59,9 +59,8 @@ class Stage:
         self.scheduler.remove(work)
 
     def step(self, held: bool = False) -> bool:
-        """Run one batch if there is work (of held turns only, or of committed ones only); returns whether
-        anything ran. A batch whose step raises fails its own works (their caches released) and the error
-        propagates; other works are untouched."""
+        """Run one batch of held or of committed works, if any; whether anything ran. A batch whose step
+        raises fails its own works and the error propagates."""
         batch = self.scheduler.schedule(held)
         if batch is None:
             return False

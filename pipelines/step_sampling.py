@@ -1,9 +1,5 @@
-"""Sampling parameters as static step inputs: per-row values written by `prepare`, read on the device.
-
-A captured step cannot branch on the batch's parameters on the host, so the sampler built here always
-runs the full path (penalty, temperature, top-k/top-p, Gumbel draw) and picks argmax rows by mask;
-the result per row equals `Sampler.of(params)` on the same logits.
-"""
+"""Sampling parameters as static step inputs. A captured step cannot branch on them on the host, so its
+sampler always runs the full path; each row's result equals `Sampler.of(params)`'s."""
 
 from __future__ import annotations
 

@@ -28,22 +28,18 @@ class ToolCall:
 
 
 class AudioAhead(Protocol):
-    """A model's encoding of an audio made while it arrived (`Pipeline.audio_ahead()`): `push` pieces as
-    they come; a Message whose `audio` is exactly what was pushed encodes only the tail at its turn."""
+    """An audio's encoding made while it arrived: a Message whose `audio` is exactly what was pushed (`holds`)
+    encodes only the tail at its turn."""
 
     def push(self, audio: torch.Tensor) -> None: ...
 
-    def holds(self, audio: torch.Tensor) -> bool:
-        """Whether exactly `audio` was pushed."""
-        ...
+    def holds(self, audio: torch.Tensor) -> bool: ...
 
 
 @dataclass(frozen=True)
 class Message:
-    """One new message of a conversation. `audio`: mono float32 PCM at the model's input rate
-    (`ModelSpec.input_rate`), user messages only; `ahead`: its encoding so far, if the gateway made one.
-    A "tool" message carries a function's output as `text`; an assistant message may carry the tool
-    calls it made (history re-sent after a reset)."""
+    """One new message. `audio`: mono float32 PCM at `ModelSpec.input_rate` (user messages only), `ahead` its
+    encoding so far; a "tool" message's `text` is a function's output; an assistant's `tool_calls` its calls."""
 
     role: Role
     text: str = ""
@@ -60,11 +56,10 @@ class Message:
 
 @dataclass(frozen=True)
 class GenerationOptions:
-    """Per-turn settings. `voice`, `language`: one the model declares ("" for its default / auto);
-    `instructions`: a speaking style, for models that take one; `reference_audio` (mono, at the model's
-    input rate) and `reference_text`: a voice to clone, for models that can. `sampling` overrides the
-    model's defaults (`ModelSpec.sampling`) per stage name; `greedy` makes every stage argmax (a model
-    may keep what its reference keeps under greedy, such as a repetition penalty)."""
+    """Per-turn settings. `voice`, `language`: declared ones ("" for the default / auto); `instructions`: a
+    speaking style; `reference_audio` (mono, input rate) and `reference_text`: a voice to clone. `sampling`
+    overrides `ModelSpec.sampling` per stage; `greedy` makes every stage argmax (as the model's reference
+    does under greedy: it may keep a repetition penalty)."""
 
     audio: bool = True
     voice: str = ""

@@ -1,15 +1,10 @@
 """Qwen3-Omni audio encoder (`thinker.audio_tower.*`): log-mel frames -> audio token embeddings.
 
-Each audio is cut into chunks of 2 * n_window mel frames (100: one second). Every chunk goes through
-three stride-2 convolutions on its own (13 tokens per full chunk) and gets sinusoidal positions that
-restart at 0 in every chunk. The transformer then attends bidirectionally inside windows of
-n_window_infer frames (8 chunks, 104 tokens), never across windows or audios.
-
-As in the reference, all chunks of one call are zero-padded to the longest chunk before the
-convolutions, and the convolutions at the end of a shorter chunk see that padding. Chunks of audios
-of one second or more are padded to 100 frames either way; an audio shorter than one chunk, though,
-encodes slightly differently alone than next to a longer one (and attention spreads that over all its
-tokens).
+Each audio is cut into chunks of 2 * n_window mel frames (100: one second), each convolved alone (three
+stride 2: 13 tokens per full chunk) with sinusoidal positions restarting per chunk; the transformer attends
+bidirectionally inside windows of n_window_infer frames (8 chunks, 104 tokens), never across audios.
+As in the reference, one call's chunks are zero-padded to the longest before the convolutions, so an audio
+shorter than one chunk encodes slightly differently alone than next to a longer one.
 """
 
 from __future__ import annotations
@@ -96,9 +91,8 @@ class AudioEncoder(nn.Module):
     def forward(
         self, features: torch.Tensor | Sequence[torch.Tensor], lengths: torch.Tensor | Sequence[int] | None = None
     ) -> torch.Tensor:
-        """features: a list of [mel, T_i], one [mel, T], or a right-padded batch [B, mel, T] with
-        `lengths` (frames per audio, e.g. feature_attention_mask.sum(1)). Returns [N_tokens, output_dim],
-        the audios' tokens one after another (see `token_count`)."""
+        """features: a list of [mel, T_i], one [mel, T], or a right-padded batch [B, mel, T] with `lengths`
+        (frames per audio). Returns [N_tokens, output_dim], the audios' tokens one after another."""
         audios = _as_list(features, lengths)
         chunks, chunk_lens = self._chunk(audios)
         x = self._embed(chunks)  # [num_chunks, tokens of the longest chunk, d_model]
@@ -154,9 +148,7 @@ class AudioEncoder(nn.Module):
         return self._positions[key]
 
     def _windows(self, frames: list[int], chunk_tokens: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Attention windows of `chunk_tokens * n_window_infer / (2 * n_window)` tokens, per audio.
-
-        Returns each packed token's slot in the [num_windows, W] grid and the grid's occupancy mask."""
+        """Each packed token's slot in the [num_windows, W] grid of per-audio windows, and the grid's mask."""
         w = chunk_tokens * (self.cfg.n_window_infer // (2 * self.cfg.n_window))
         slots, fill = [], []
         for n in frames:

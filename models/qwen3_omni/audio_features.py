@@ -60,13 +60,9 @@ def _pad_batch(waveforms: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.
 
 
 def log_mel(waveforms: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """16 kHz mono waveforms -> (features float32 [B, 128, T], mask int32 [B, T]), as the Qwen3-Omni processor.
-
-    Equals WhisperFeatureExtractor(feature_size=128) called with padding=True (longest), truncation=False,
-    return_attention_mask=True: inputs are zero-padded to the longest, T = longest // 160, the clamp at max - 8 uses
-    each example's max over its padded array, and example i's mask holds min(ceil(len_i / 160), T) ones. Like the
-    reference, a batch whose longest input has <= 200 samples is rejected (reflect padding needs more).
-    """
+    """16 kHz mono waveforms -> (features float32 [B, 128, T], mask int32 [B, T]), as the Qwen3-Omni processor
+    (WhisperFeatureExtractor, 128 bins, padding to the longest): T = longest // 160, the clamp at max - 8 uses
+    each example's padded array, mask i holds min(ceil(len_i / 160), T) ones; <= 200 samples is refused."""
     batch, lengths = _pad_batch(waveforms)
     n = batch.shape[-1]
     if n <= N_FFT // 2:

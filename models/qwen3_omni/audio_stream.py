@@ -1,18 +1,10 @@
 """Encode while the user speaks: the parts of log-mel + audio encoder that later audio cannot change.
 
-What is final, and why (audio_features.log_mel, audio_encoder.AudioEncoder):
-- Log-mel frame t reads samples [160 t - 200, 160 t + 200) (reflect-padded at the start): once those
-  exist its raw log10 power is final. The one thing that is not: every feature is clamped from below at
-  (the whole audio's maximum - 8), and a louder sample later raises that floor.
-- The encoder cuts features into chunks of 2 * n_window frames; each full chunk goes through the
-  convolutions alone (padded to a full chunk either way once the audio lasts one chunk). A full chunk's
-  embedding is final if its features are, i.e. if the floor it was made with is the final one, or none
-  of its raw values is below the final floor.
-- The transformer attends within windows of n_window_infer frames: a window whose chunks are all final
-  is final. Its outputs are kept; a commit runs the rest.
-
-So `finish()` computes only the tail (the frames near the end, the chunks after the last final one, the
-windows after the last final one) and returns what `log_mel` + the encoder give on the whole buffer.
+- Log-mel frame t reads samples [160 t - 200, 160 t + 200): once they exist its raw log10 power is final, but
+  every feature is clamped from below at (the whole audio's maximum - 8), a floor a louder sample raises.
+- A full chunk (2 * n_window frames, convolved alone) is final if the floor it was made with is the final one,
+  or none of its raw values is below the final floor; a window (n_window_infer frames) of final chunks is final.
+So `finish()` computes only the tail and returns what `log_mel` + the encoder give on the whole buffer.
 """
 
 from __future__ import annotations
@@ -87,8 +79,7 @@ class AudioStream:
         return len(self.windows)
 
     def _extend_raw(self, frames: int, end: bool) -> None:
-        """Raw frames up to `frames`, from the samples reflect-padded by N_FFT / 2 at the start (and at
-        the end too once the audio is complete), as log_mel pads them; only the slice they read is built."""
+        """Raw frames up to `frames`, from samples reflect-padded as log_mel pads them (the end only once complete)."""
         have = self.raw.shape[1]
         if frames <= have:
             return
@@ -104,8 +95,7 @@ class AudioStream:
         return float(self.raw.amax() - 8.0)
 
     def _encode_final(self) -> None:
-        """Embed the chunks whose frames are final (re-embedding any the floor has moved under), then
-        run the windows whose chunks are all final."""
+        """Embed the final chunks (again where the floor moved under them), then run the final windows."""
         raw, floor = self.raw, self._floor()
         full = raw.shape[1] // self.chunk
         if full > len(self.chunks) or floor != self._checked_floor:

@@ -1,7 +1,4 @@
-"""Qwen3-Omni configuration, parsed from a checkpoint's config.json: the audio encoder, talker and thinker
-settings and the whole model's; the shared parts (TextConfig, CodePredictorConfig, Code2WavConfig) and
-the parsing rules are models/common/config.py's.
-"""
+"""Qwen3-Omni's config.json: the audio encoder, talker, thinker and whole model (shared parts: models/common)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Per-session and per-turn state of a Qwen3-Omni conversation in the pipeline.
-
-A Session is one conversation: every thinker input so far (ids and embeddings, so an evicted KV cache
-can be recomputed exactly), and the talker-width rows of its user turns (the talker's prompt starts
-with all of them). A TurnState is one response: what the thinker wrote, what the talker needs next,
-the frames waiting for Code2Wav, timings, and the event callback.
-"""
+"""Per-session and per-turn state of a Qwen3-Omni conversation. A Session keeps every thinker input (ids and
+embeddings: an evicted cache is recomputed exactly) and its user turns' talker rows; a TurnState is one reply."""
 
 from __future__ import annotations
 
@@ -80,7 +75,7 @@ class Session:
     replies: dict[str, tuple[int, list[int]]] = field(default_factory=dict)  # turn -> (start in ids, reply ids)
 
     def truncate(self, length: int) -> None:
-        """Forget every input from `length` on (the KV cache is rolled back by the caller)."""
+        """Forget every input from `length` on (the caller rolls the KV cache back)."""
         del self.ids[length:]
         self.embeds.truncate(length)
         self.talker_done_upto = min(self.talker_done_upto, length)
@@ -216,11 +211,8 @@ class TurnState:
             return
         now = time.perf_counter()
         seconds = self.audio_samples / self.rate if self.rate else 0.0
-        timings = {"total_ms": (now - self.t_start) * 1e3}
-        if self.t_first_text is not None:
-            timings["first_text_ms"] = (self.t_first_text - self.t_start) * 1e3
-        if self.t_first_audio is not None:
-            timings["first_audio_ms"] = (self.t_first_audio - self.t_start) * 1e3
+        marks = {"total_ms": now, "first_text_ms": self.t_first_text, "first_audio_ms": self.t_first_audio}
+        timings = {k: (t - self.t_start) * 1e3 for k, t in marks.items() if t is not None}
         if seconds > 0:
             timings["rtf"] = (now - self.t_start) / seconds
         tail = self.decoder.flush()

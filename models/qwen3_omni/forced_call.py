@@ -1,25 +1,14 @@
 """tool_choice "required" or a named function: the reply is one tool call, whatever the model would have said.
 
-Qwen has no native tool_choice, so the thinker's sampled tokens go through a `CallWriter` that keeps the reply
-inside the grammar of one call, token by token:
-
+Qwen has no native tool_choice, so a `CallWriter` keeps the thinker's sampled tokens inside the grammar of
     <tool_call>\\n{"name": "NAME", "arguments": {"KEY": VALUE, ...}}\\n</tool_call><|im_end|>
-
-- Where the grammar allows one token only (the tags, the name, the keys, the punctuation) that token is taken:
-  sampling over a one-token set.
-- Where it allows many, the model's sampled token is kept when the grammar takes it, and otherwise read as the
-  model leaving that place (a quote closes a string, a non-digit ends a number):
-  - the function (with "required" and several tools): the model's tokens while they spell the beginning of
-    a tool's name; once one tool is left its name is completed; a token that fits no name picks the first
-    tool the name so far fits;
-  - a string: tokens with no quote, backslash, control byte or special token, up to MAX_STRING_TOKENS;
-  - an integer or number: digit tokens (and one "." in a number), up to MAX_NUMBER_TOKENS; "0" when the model
-    writes no digit;
-  - a boolean: "true" when the sampled token's text begins with "t", else "false";
-  - an enum: the value that begins with the sampled token's text, else the first;
-  - an object, array or null: {}, [] or null.
-- The arguments hold the schema's required properties (all of them when it lists none, at most MAX_PROPERTIES),
-  in the schema's order, so that the call stays short; the arguments are always valid JSON.
+Where the grammar allows one token only, it is taken. Elsewhere the sampled token is kept when the grammar takes
+it, else read as the model leaving that place: a function name while the tokens spell a tool's name's beginning
+(else the first tool that fits); a string of tokens with no quote, backslash, control byte or special token; digits
+(one "." in a number, "0" if none); "true" if the token's text begins with "t", else "false"; the enum value that
+begins with the token's text, else the first; {}, [] or null for objects, arrays and null. Values are capped at
+MAX_*_TOKENS and the arguments hold the schema's required properties (all when none are listed, at most
+MAX_PROPERTIES) in its order, so the call stays short and always valid JSON.
 """
 
 from __future__ import annotations
@@ -34,7 +23,7 @@ import torch
 
 from models.common.tokenizer import Tokenizer
 
-from .tools import qwen_tool
+from .tools import chosen_functions, qwen_tool
 
 MAX_STRING_TOKENS = 8
 MAX_NUMBER_TOKENS = 6
@@ -73,14 +62,8 @@ def _schema_parts(parameters: Mapping[str, Any]) -> list[str | _Value]:
 
 
 def call_parts(tools: Sequence[Mapping[str, Any]], tool_choice: str | Mapping) -> list[str | _Value]:
-    """The whole reply as forced text and values; the function is named (tool_choice names it, or there is one
-    tool) or chosen among the tools."""
-    fns = [qwen_tool(t)["function"] for t in tools]
-    if isinstance(tool_choice, Mapping):
-        name = tool_choice.get("name") or (tool_choice.get("function") or {}).get("name")
-        fns = [f for f in fns if f["name"] == name]
-        if not fns:
-            raise ValueError(f"tool_choice names function {name!r}, which is not among the tools")
+    """The whole reply as forced text and values; the function is fixed or chosen among the tools."""
+    fns = chosen_functions(tools, tool_choice)
     if len(fns) == 1:
         return ['<tool_call>\n{"name": "', *_after_name(fns[0], fns[0]["name"])]
     return ['<tool_call>\n{"name": "', _Value("function", tuple(f["name"] for f in fns))]  # the rest: once chosen

@@ -1,10 +1,6 @@
 """The thinker's fixed-shape steps as pure functions of static tensors: what the graph runner captures.
 
-`ThinkerDecode`: one reply token per row (decoder stack over the paged cache, lm_head, sampling) and
-what the later stages need of it (its embedding, its talker text row). `ThinkerPrefill`: one
-sequence's new tokens (a token bucket, or its own length), ending in the same token. Inputs and
-outputs are tensors whose shapes depend only on the batch bucket; rows are independent, so padding
-rows change no real row's result. The talker's steps are the frame LM's (models/common/frame_step.py).
+Shapes depend only on the batch bucket and rows are independent, so padding rows change no real row's result.
 """
 
 from __future__ import annotations
@@ -59,9 +55,8 @@ class ThinkerDecode:
 
 @dataclass
 class ThinkerPrefill:
-    """The prefill of S sequences (rows), T (bucket) tokens each: each one's next token as
-    `ThinkerDecode` samples it, and `captured`, the hidden states entering `capture_layer` (the talker's
-    user rows; none without a capture layer)."""
+    """The prefill of S sequences (rows), T (bucket) tokens each: each one's next token as `ThinkerDecode`
+    samples it, and `captured`, the hidden states entering `capture_layer` (for the talker's user rows)."""
 
     decode: ThinkerDecode
     capture_layer: int | None

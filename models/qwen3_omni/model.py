@@ -1,10 +1,5 @@
 """The whole Qwen3-Omni: thinker (audio encoder + MoE LLM), talker (+ code predictor), Code2Wav; a
-checkpoint without a talker (Thinking, Captioner) is the thinker alone (`talker`, `code2wav` None).
-
-`load_model("tiny")` builds the built-in tiny preset with seeded random weights (no files; "tiny-thinker"
-is the same without a talker);
-`load_model(DIR)` builds on the meta device and streams the checkpoint's safetensors in one pass.
-"""
+checkpoint without a talker (Thinking, Captioner) has `talker`, `code2wav` None."""
 
 from __future__ import annotations
 
@@ -38,7 +33,7 @@ class Qwen3Omni(nn.Module):
 def load_model(
     model: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0
 ) -> Qwen3Omni:
-    """`model` is 'tiny' or a checkpoint directory (config.json + safetensors)."""
+    """A tiny preset with seeded random weights, or a checkpoint directory streamed in one pass onto `device`."""
     start = time.perf_counter()
     if str(model) in PRESETS:
         cfg = OmniConfig.from_hf(PRESETS[str(model)]())

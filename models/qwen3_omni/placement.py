@@ -1,8 +1,4 @@
-"""Where Qwen3-Omni runs and how big its stages are: the pipeline config, and the KV caches' sizes.
-
-`PipelineConfig.on(model, device)` gives the defaults for a device: on CUDA bf16, CUDA graphs, and KV
-caches sized from the memory left after the weights; on CPU float32, eager, fixed small caches.
-"""
+"""Where Qwen3-Omni runs and how big its stages are: the pipeline config, and the KV caches' sizes."""
 
 from __future__ import annotations
 
@@ -33,10 +29,8 @@ def default_stages(device: str, graphs: bool = False) -> tuple[StageConfig, ...]
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """`model`: 'tiny' or a checkpoint directory. Each stage names its device and capacity.
-    `kv_memory_gib`: on CUDA, size the thinker and talker caches to this much memory instead of their
-    `kv_blocks` (`on()` sets it from the memory left after the weights). A checkpoint without a talker
-    runs only the encoder and thinker stages (`stage_names(False)`)."""
+    """`model`: a preset or a checkpoint directory. `kv_memory_gib`: on CUDA, size the thinker and talker
+    caches to this much memory instead of their `kv_blocks` (see `kv_layouts`)."""
 
     model: str = "tiny"
     device: str = "cpu"
@@ -66,8 +60,8 @@ class PipelineConfig:
     @classmethod
     def on(cls, model: str, device: str, dtype: str | None = None, graphs: bool | None = None,
            kv_memory_gib: float | None = None, **stage_overrides: dict) -> PipelineConfig:
-        """Defaults for `device`: on CUDA, bf16, CUDA graphs, and KV caches sized from free memory at start
-        (`kv_memory_gib` None) unless a stage override gives `kv_blocks`."""
+        """Defaults for `device`: on CUDA bf16, CUDA graphs, and KV caches sized from free memory (unless a
+        stage override gives `kv_blocks`); on CPU float32, eager, small fixed caches."""
         cuda = device.startswith("cuda")
         graphs = cuda if graphs is None else graphs
         stages = tuple(

@@ -1,11 +1,6 @@
-"""Qwen3-Omni in the pipeline: the turn flow over the stages that placement.py configures.
-
-A turn's messages are rendered with the chat template (continuing the session's cached conversation),
-its audio turned into log-mel features, and one Work per stage is registered. The stages then move it
-along: encoder -> thinker (prefill of the new tokens only, then decode) -> talker (from the thinker's
-first reply token) -> Code2Wav (audio of each frame as soon as it is final). A checkpoint without a
-talker (Thinking, Captioner) runs the first two and replies in text.
-"""
+"""Qwen3-Omni in the pipeline: a turn's messages rendered with the chat template (continuing the cached
+conversation), its audio as log-mel features, one Work per stage: encoder -> thinker -> talker (from the
+first reply token) -> Code2Wav (each frame's audio once final). Without a talker it replies in text."""
 
 from __future__ import annotations
 
@@ -118,17 +113,16 @@ class Qwen3OmniProgram(StagedProgram):
         opts = TurnSettings.resolve(turn.options, self.spec)  # unknown voices fail here, before any work
         features, turns = [], []
         for m in turn.messages:
-            tokens = 0
+            frames = 0
             if isinstance(m.ahead, AudioStream) and m.audio is not None and m.audio.numel() > 200 \
                     and m.ahead.holds(m.audio):
                 features.append(m.ahead)  # encoded as it arrived: the encoder step finishes only the tail
-                tokens = int(audio_token_count(m.audio.numel() // 160, self.model.cfg.thinker.audio.n_window))
+                frames = m.audio.numel() // 160
             elif m.audio is not None:
                 feats, mask = log_mel([m.audio.float().cpu()])
                 frames = int(mask.sum())
                 features.append(feats[0, :, :frames])
-                tokens = int(audio_token_count(frames, self.model.cfg.thinker.audio.n_window))
-            turns.append(self._chat_turn(m, tokens))
+            turns.append(self._chat_turn(m, int(audio_token_count(frames, self.model.cfg.thinker.audio.n_window))))
         if opts.tools and not session.ids:
             turns = with_tools(turns, list(opts.tools), opts.tool_choice)
         im_end = self.model.cfg.im_end_token_id
@@ -169,10 +163,8 @@ class Qwen3OmniProgram(StagedProgram):
         return chat.Turn(m.role, assistant_text(m.text, m.tool_calls) if m.tool_calls else m.text, audio_tokens)
 
     def truncate_reply(self, session_id: str, turn_id: str, audio_end_ms: int) -> tuple[str, bool]:
-        """Cut a reply back to what the listener heard (its first `audio_end_ms` of audio). The talker
-        reads one reply token per codec frame, so the frames whose audio had begun carry the tokens
-        that were heard. When this is the session's latest reply, its inputs and KV cache are rolled
-        back to match. Returns (the heard text, whether the session was rolled back)."""
+        """The talker reads one reply token per codec frame, so the frames whose audio had begun carry the
+        heard tokens; the session's latest reply is rolled back to them (inputs and KV cache)."""
         session = self.sessions.get(session_id)
         if session is None or turn_id not in session.replies:
             raise KeyError(f"no reply {turn_id} in session {session_id}")

@@ -1,9 +1,7 @@
 """What Qwen3-Omni declares to the runtime and the gateway, and a turn's settings resolved against it.
 
-Sampling defaults are the reference's: the talker top-k 50, temperature 0.9, repetition penalty 1.05;
-the code predictor top-k 50, top-p 0.8; the thinker greedy. A checkpoint's generation_config.json
-overrides them the way transformers' `generate` routes keys: `thinker_*` keys to the thinker, `talker_*`
-keys to the talker (plain keys belong to the wrapper's own config and reach neither).
+DEFAULTS are the reference's sampling; generation_config.json overrides them as transformers' `generate`
+routes keys: `thinker_*` to the thinker, `talker_*` to the talker (plain keys reach neither).
 """
 
 from __future__ import annotations

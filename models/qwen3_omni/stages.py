@@ -1,10 +1,4 @@
-"""The four Qwen3-Omni stages as the runtime sees them: a Work per turn and a StepModel per stage.
-
-audio encoder -> thinker -> talker (+ code predictor) -> Code2Wav. Works read and write the turn's
-TurnState; a StepModel runs one batch through its model and hands results on (thinker_step.py,
-talker_step.py, code2wav_step.py). One host sync per step reads the sampled ids (stop conditions and
-events need them).
-"""
+"""Qwen3-Omni's Works (one per turn and stage, over its TurnState) and the audio encoder's StepModel."""
 
 from __future__ import annotations
 
@@ -87,9 +81,8 @@ class EncoderStep:
         self.model, self.device, self.dtype = model, device, dtype
 
     def run(self, works: list[EncoderWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
-        """Turns whose audios all last a chunk (one second) or more encode in one call, exactly as each
-        would alone (every chunk is padded to a full one either way); a turn with a shorter audio encodes
-        alone, since a short chunk would be padded to the batch's longest (as the reference does)."""
+        """Turns whose audios all last a chunk (one second) or more encode in one call, exactly as alone; one
+        with a shorter audio encodes alone (the reference pads a short chunk to the call's longest)."""
         chunk = 2 * self.model.cfg.thinker.audio.n_window
         ahead = [w for w in works if any(isinstance(f, AudioStream) for f in w.turn.audio_features)]
         for w in ahead:  # encoded as the audio arrived: only the tail is left

@@ -1,10 +1,7 @@
 """The talker: an MoE transformer that speaks the thinker's reply as codec frames.
 
-Each step takes one input embedding and yields a hidden state; `codec_head` turns it into logits over
-codebook 0, and the code predictor (code_predictor.py) fills codebooks 1..15 of the same frame: the
-talker implements models/common/frame.py's FrameTalker. Thinker states enter through two two-layer MLPs:
-`text_projection` for token embeddings, `hidden_projection` for the hidden states of multimodal (audio)
-positions. How those build the prompt and the per-frame inputs: talker_prompt.py.
+`codec_head` gives codebook 0 and the code predictor codebooks 1..15 (models/common/frame.py's FrameTalker).
+Thinker token embeddings and audio positions' hidden states enter through two MLPs (used by talker_prompt.py).
 """
 
 from __future__ import annotations
@@ -57,8 +54,7 @@ class Talker(nn.Module):
         self.code_predictor = CodePredictor(cfg.code_predictor)
 
     def forward(self, input_embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        """input_embeds [B, T, H]; positions [B, T] (or [3, B, T], all rows equal for audio and text).
-        Returns the final normed hidden states [B, T, H]."""
+        """input_embeds [B, T, H]; positions [B, T] or [3, B, T] -> the final normed hidden states [B, T, H]."""
         return self.model(input_embeds, positions, cache)
 
     def codec_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,14 +1,9 @@
 """The talker's inputs, built from the thinker's, by the rules of the reference (transformers' generate).
 
-Write P(x) for `talker.project_text(x)` and E(id) for the thinker's token embedding of `id`.
-
-Prompt (prefill), for a conversation whose thinker prompt is `input_ids` and whose reply has begun:
-1. The user turns. A position belongs to a user turn when the nearest `<|im_start|>` at or before it is
-   followed by the `user` token; so each user turn contributes its whole segment, `<|im_start|>user\\n`
-   through its `<|im_end|>\\n`. All user turns go in, in order; the system turn and earlier assistant
-   turns are dropped. Audio positions (`audio_pad`) become `talker.project_hidden(h)`, with h the
-   thinker's hidden state entering layer `accept_hidden_layer` (index `accept_hidden_layer` of
-   transformers' `output_hidden_states`); every other position becomes P(its thinker input embedding).
+P(x) is `talker.project_text(x)`, E(id) the thinker's token embedding of `id`. The prompt (prefill) is:
+1. Every user turn's whole segment (`<|im_start|>user\\n` through its `<|im_end|>\\n`, found by the role token
+   after the nearest `<|im_start|>`), in order; system and assistant turns are dropped. Audio positions become
+   `talker.project_hidden(h)`, h = `output_hidden_states[accept_hidden_layer]` of the thinker; others P(embedding).
 2. A 9-position assistant prefix, each position the sum of a text row and a codec row:
       text:  P(im_start) P(assistant) P(\\n) pad pad pad pad bos P(reply token 0)
       codec: 0          0            0     nothink think_bos think_eos speaker codec_pad codec_bos
@@ -16,13 +11,10 @@ Prompt (prefill), for a conversation whose thinker prompt is `input_ids` and who
    own `codec_embedding`. The prefix starts at the last `<|im_start|>assistant` of the sequence.
 Positions run 0..P-1 over the prompt and continue one per step (all three mrope rows equal: no vision).
 
-Decode step k (k = 0 is the first step after the prefill) takes one input: the sum of the 16 codebook
-embeddings of the frame chosen from the previous hidden state (codebook 0 from the talker's
-`codec_embedding`, codebooks 1..15 from the code predictor's), plus text_k. text_k is P(reply token k+1)
-while reply tokens remain, then eos once, then pad for every later step. Only reply tokens that were fed
-back into the thinker count: the thinker's final token (normally `<|im_end|>`) never is, and eos takes
-its place. A streaming runtime therefore appends P(E(token)) to `trailing` for each reply token after
-the first as the thinker consumes it, and eos when the thinker stops.
+Decode step k (0: the first after the prefill) takes the sum of the previous frame's 16 codebook embeddings
+(codebook 0 from the talker's `codec_embedding`, 1..15 from the code predictor's) plus text_k: P(reply token
+k+1) while reply tokens fed back into the thinker remain (its final token, normally `<|im_end|>`, never is),
+then eos once, then pad.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """The thinker: the MoE language model that reads text and audio tokens and writes the reply text.
 
-`ThinkerText` is the language model alone (`model.*`, `lm_head`); `Thinker` adds the audio encoder
-(`audio_tower.*`) so that one `load_weights(thinker, ckpt, prefix="thinker.")` fills everything the
-checkpoint has under `thinker.` (the vision tower is skipped by the loader).
-
-Positions. For text and audio prompts the reference's multimodal rope index is the plain token index
-0..T-1 on all three rows (its audio-only branch uses the attention-mask cumsum; even its vision branch
-would give audio one position per token, contiguous with the text around it), and its rope delta is 0,
-so cached decoding and later turns simply continue the count: a token's position is the number of
-tokens before it in the session.
-
-Captured hidden state. The talker reads `hidden_states[accept_hidden_layer]` of the thinker, where
-index 0 is the input embeddings (audio merged in), index k the output of decoder layer k-1, and the
-last index (k = num_hidden_layers) is tied to the final-norm output. `capture_layer` uses the same
-indexing.
+Positions: for text and audio the reference's multimodal rope index is the plain token index on all three
+rows with rope delta 0, so a token's position is the number of tokens before it in the session.
+`capture_layer` indexes like transformers' `hidden_states`: 0 the input embeddings, k the output of layer
+k-1, and the last (num_hidden_layers) the final-norm output; the talker reads `accept_hidden_layer`.
 """
 
 from __future__ import annotations
@@ -68,13 +58,8 @@ class ThinkerText(nn.Module):
         """[B, T] token ids -> [B, T, H] embeddings."""
         return self.model.embed_tokens(ids)
 
-    def forward(
-        self,
-        input_embeds: torch.Tensor,
-        positions: torch.Tensor,
-        cache: KVCache | None = None,
-        capture_layer: int | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, input_embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None,
+                capture_layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """input_embeds [B, T, H], positions [3, B, T] or [B, T]. With `cache`, the T tokens follow what
         it holds. Returns (hidden after the final norm [B, T, H], hidden_states[capture_layer] or None)."""
         return self.model(input_embeds, positions, cache, capture_layer)
@@ -92,8 +77,7 @@ class Thinker(ThinkerText):
         self.audio_tower = AudioEncoder(cfg.audio)
 
     def embed_prompt(self, ids: torch.Tensor, audio: torch.Tensor | None = None) -> torch.Tensor:
-        """Token embeddings of `ids` [B, T] with `audio` [N, H] (the encoder's output for every audio_pad
-        token, in reading order) placed at the audio_pad positions."""
+        """Token embeddings of `ids` [B, T] with the encoder's output `audio` [N, H] at the audio_pad positions."""
         x = self.embed(ids)
         if audio is None:
             return x
@@ -101,9 +85,8 @@ class Thinker(ThinkerText):
 
 
 def merge_audio(embeds: torch.Tensor, ids: torch.Tensor, audio: torch.Tensor, audio_token_id: int) -> torch.Tensor:
-    """Replace the embeddings at `ids == audio_token_id` ([B, T]) by the rows of `audio` [N, H], taken in
-    row-major order (batch row 0 first). N must equal the number of audio_pad tokens (checked: one host
-    sync, prefill only)."""
+    """Replace the embeddings at `ids == audio_token_id` ([B, T]) by the rows of `audio` [N, H], in row-major
+    order; N must equal the number of audio_pad tokens."""
     mask = ids == audio_token_id
     count = int(mask.sum())
     if count != audio.shape[0]:

@@ -1,7 +1,4 @@
-"""The thinker stage: prefills of new turns (`forward.ThinkerPrefill`) and decode steps
-(`forward.ThinkerDecode`), the only compute paths. Commit reads the ids in one device-to-host copy and
-hands each token on. A thinker-only model (no talker) makes no talker rows.
-"""
+"""The thinker stage: prefills of new turns and decode steps (forward.py), one host sync per step."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Tiny Qwen3-Omni configs: the real structure and special ids, small sizes.
-
-`tiny_config("a")` backs `--model tiny`; "b" differs in every count (layers, heads, experts, windows)
-so that tests are not fitted to one shape.
-"""
+"""Tiny Qwen3-Omni configs: the real structure and special ids, small sizes. "a" backs `--model tiny`; "b"
+differs in every count (layers, heads, experts, windows) so that tests are not fitted to one shape."""
 
 from __future__ import annotations
 

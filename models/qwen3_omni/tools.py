@@ -1,21 +1,16 @@
-"""Qwen's function-calling format: tools offered in the system turn, calls and results as tagged JSON text.
+"""Qwen's function-calling format, byte for byte what Qwen3's chat template renders (Qwen3-VL's tool parts;
+assumed identical for Qwen3-Omni, whose template is unavailable offline):
 
-Byte for byte what Qwen3's chat template renders (Qwen3-VL's tool parts are identical; we assume Qwen3-Omni's
-are too, its checkpoint template being unavailable offline), so these strings in `chat.Turn`s tokenize as the
-reference would:
-
-- system turn: the session's instructions, "\\n\\n", then the "# Tools" block with one `tojson` line per tool
-  (json.dumps, default separators, ensure_ascii=False, keys in the given order). Without instructions the
-  system turn is the block alone. Qwen2.5's template differs here: it puts its default "You are Qwen,
-  created by Alibaba Cloud. You are a helpful assistant." first. Without tools nothing is added.
+- system turn: the instructions, "\\n\\n", then the "# Tools" block, one `tojson` line per tool (json.dumps,
+  default separators, ensure_ascii=False, keys in given order); the block alone without instructions (unlike
+  Qwen2.5, which puts its default "You are Qwen..." first).
 - assistant turn: its text, then each call as `<tool_call>\\n{"name": "NAME", "arguments": ARGS}\\n</tool_call>`,
-  the pieces joined by "\\n" (no separator before the first call when there is no text).
-- tool results: consecutive results form ONE user turn, each `<tool_response>\\nOUTPUT\\n</tool_response>`,
   joined by "\\n".
+- tool results: consecutive results form ONE user turn of `<tool_response>\\nOUTPUT\\n</tool_response>`s joined
+  by "\\n".
 
-<tool_call>, </tool_call>, <tool_response> and </tool_response> are single special tokens (151657, 151658,
-151665, 151666). Qwen has no native tool_choice; `tools_system` documents what we do instead. Tools and
-tool_choice live in the system turn, so changing them mid-session changes the cached prompt prefix.
+The four tags are single special tokens. Tools and tool_choice live in the system turn, so changing them
+mid-session changes the cached prompt prefix.
 """
 
 from __future__ import annotations
@@ -47,9 +42,8 @@ _BLOCK = re.compile(re.escape(TOOL_CALL_START) + r"(.*?)(?:" + re.escape(TOOL_CA
 
 
 def qwen_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
-    """A Realtime function tool {"type": "function", "name", "description", "parameters"} in the Chat
-    Completions form Qwen's template prints: {"type": "function", "function": {"name", "description",
-    "parameters"}}. Absent keys stay absent; a tool already in that form passes through unchanged."""
+    """A Realtime function tool in the Chat Completions form Qwen's template prints ({"type": "function",
+    "function": {"name", "description", "parameters"}}); one already in that form passes through."""
     if tool.get("type") != "function":
         raise ValueError(f"only function tools are supported, got type {tool.get('type')!r}")
     fields = tool["function"] if isinstance(tool.get("function"), Mapping) else tool
@@ -61,8 +55,15 @@ def qwen_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": fields}
 
 
-def _tool_name(tool: Mapping[str, Any]) -> str:
-    return qwen_tool(tool)["function"]["name"]
+def chosen_functions(tools: Tools, tool_choice: str | Mapping) -> list[dict[str, Any]]:
+    """The Qwen-form functions a tool_choice offers: all of them, or the one it names (ValueError if absent)."""
+    fns = [qwen_tool(t)["function"] for t in tools]
+    if isinstance(tool_choice, Mapping):
+        name = tool_choice.get("name") or (tool_choice.get("function") or {}).get("name")
+        fns = [f for f in fns if f["name"] == name]
+        if not fns:
+            raise ValueError(f"tool_choice names function {name!r}, which is not among the tools")
+    return fns
 
 
 def render_tools_system(system_text: str, tools: Tools) -> str:
@@ -76,16 +77,9 @@ def render_tools_system(system_text: str, tools: Tools) -> str:
 
 
 def tools_system(system_text: str, tools: Tools, tool_choice: str | Mapping = "auto") -> str:
-    """The system turn's text for a Realtime `tools` + `tool_choice`:
-
-    - "auto": every tool offered, the model decides (Qwen's only native mode).
-    - "none": no tools block at all, so the model cannot call (earlier calls and results in history stay).
-    - "required": every tool offered, and REQUIRED_INSTRUCTION appended to the instructions.
-    - {"type": "function", "name": N}: only tool N offered, and FORCED_INSTRUCTION appended.
-
-    The instructions go into the system text, so the rendered turn is still one Qwen's template produces.
-    The reply itself is then kept to one call by forced_call.CallWriter. Unknown choices or names raise ValueError.
-    """
+    """The system turn's text for `tools` + `tool_choice`. "auto" is Qwen's only native mode; "none" omits the
+    block; "required" and {"type": "function", "name": N} (only N offered) add our instruction to the system
+    text, so the turn is still one the template produces, and forced_call.CallWriter keeps the reply one call."""
     if tool_choice == "none":
         return system_text
     if tool_choice == "auto":
@@ -95,20 +89,16 @@ def tools_system(system_text: str, tools: Tools, tool_choice: str | Mapping = "a
             raise ValueError('tool_choice "required" needs at least one tool')
         instruction = REQUIRED_INSTRUCTION
     elif isinstance(tool_choice, Mapping) and tool_choice.get("type") == "function":
-        name = tool_choice.get("name") or (tool_choice.get("function") or {}).get("name")
-        tools = [t for t in tools if _tool_name(t) == name]
-        if not tools:
-            raise ValueError(f"tool_choice names function {name!r}, which is not among the tools")
-        instruction = FORCED_INSTRUCTION.format(name=name)
+        tools = [{"type": "function", "function": f} for f in chosen_functions(tools, tool_choice)]
+        instruction = FORCED_INSTRUCTION.format(name=tools[0]["function"]["name"])
     else:
         raise ValueError(f"tool_choice must be auto, none, required or a function, got {tool_choice!r}")
     return render_tools_system(f"{system_text}\n\n{instruction}" if system_text else instruction, tools)
 
 
 def tool_call_text(name: str, arguments_json: str) -> str:
-    """One call as the template renders it in an assistant turn. JSON arguments are re-printed the way the
-    template prints an arguments object (tojson: ", " and ": "), which is how the model writes them and how
-    vLLM hands OpenAI-style string arguments to the template; text that is not JSON goes in verbatim."""
+    """One call as the template renders it. JSON arguments are re-printed as tojson prints them (", " and ": "),
+    as the model writes them; text that is not JSON goes in verbatim."""
     try:
         arguments = json.dumps(json.loads(arguments_json), ensure_ascii=False)
     except json.JSONDecodeError:
@@ -147,12 +137,9 @@ def _parse_block(body: str) -> ToolCall | None:
 
 
 def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
-    """The <tool_call>{"name": ..., "arguments": ...}</tool_call> blocks of model output, in order: the valid
-    calls, and the invalid blocks' raw text (stripped, tags removed). Never raises: a block that is not JSON,
-    has no non-empty string "name", or whose "arguments" is not a JSON object (or a string holding one) is
-    invalid, and the gateway reports it as an error event. Arguments come back as a compact JSON object
-    string, as the OpenAI protocol sends them; missing arguments are {}. A block left open at the end (the
-    model stopped early) is read like a closed one."""
+    """The <tool_call> blocks of model output, in order: the valid calls (arguments as compact JSON, {} if
+    missing), and the invalid blocks' stripped text (not JSON, no non-empty string "name", or "arguments" not
+    an object or a string holding one). Never raises; a block left open at the end is read as closed."""
     calls: list[ToolCall] = []
     invalid: list[str] = []
     for match in _BLOCK.finditer(text):
@@ -175,12 +162,9 @@ def with_tools(turns: list[Turn], tools: Tools, tool_choice: str | Mapping = "au
 
 
 def _is_tool_result(turn: Turn) -> bool:
-    return (
-        turn.role == "user"
-        and not turn.audio_tokens
-        and turn.text.startswith(TOOL_RESPONSE_START)
-        and turn.text.endswith(TOOL_RESPONSE_END)
-    )
+    text = turn.text
+    return turn.role == "user" and not turn.audio_tokens and text.startswith(TOOL_RESPONSE_START) \
+        and text.endswith(TOOL_RESPONSE_END)
 
 
 def merge_tool_results(turns: Iterable[Turn]) -> list[Turn]:
