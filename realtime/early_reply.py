@@ -1,13 +1,6 @@
-"""A reply started in the silence: on the detector's first sign that the user has finished (EndLikely),
-the session starts the turn the commit would start, held back in the pipeline (it runs; its events wait).
-
-On the commit (SpeechStopped) the client gets what it would have got anyway, in OpenAI's GA order
-(speech_stopped, committed, conversation.item.added/done, response.created, then the reply), only the
-reply is already made (its item holds the audio up to EndLikely: what followed was the pause the VAD
-waited out). If the user speaks again (EndWithdrawn), the buffer is cleared, or anything else the
-turn was made from changes (config, conversation, a client response.create), the held turn is discarded:
-the pipeline rolls the session back and not one of its events ever reaches the client.
-"""
+"""A reply started in the silence (README "Turn detection"): at EndLikely the session starts the turn the commit
+would start, held back in the pipeline; the commit releases it, anything that changes what it was made from
+discards it (the pipeline rolls the session back; none of its events reach the client)."""
 
 from __future__ import annotations
 

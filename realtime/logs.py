@@ -1,7 +1,5 @@
-"""Structured log lines: one per session open and close, one per response, one per error sent to a client.
-
-Text (`event key=value ...`) or JSON lines (`--log-json`). Nothing here ever sees the API key.
-"""
+"""Structured log lines, as text (`event key=value ...`) or JSON (`--log-json`): one per session open and close,
+per response and per error sent to a client."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Readiness: whether this replica should be given new sessions now (`GET /health/ready`), and its capacity as
-gauges on /metrics so that a proxy or an autoscaler can read it. `/health` stays liveness."""
+"""Readiness (`GET /health/ready`): whether this replica should be given new sessions now, and its capacity as
+gauges on /metrics."""
 
 from __future__ import annotations
 

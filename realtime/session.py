@@ -1,6 +1,5 @@
 """One Realtime session per WebSocket: its config, conversation, input audio buffer, turn detection and
-active response, driven by client events and by the pipeline. Item events are in item_events.py, responses in
-responding.py."""
+responses (item events: item_events.py, responses: responding.py)."""
 
 from __future__ import annotations
 
@@ -64,9 +63,8 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
     def __init__(self, send: Callable[[dict], None], pipeline: Pipeline, model: str, metrics: Metrics,
                  limits: Limits = Limits(), executor: Executor | None = None, intent: str | None = None,
                  voices: CustomVoices | None = None) -> None:
-        """`executor` runs the audio work (decoding, resampling, turn detection) off the event loop; a
-        session hands it one job at a time, so its audio stays in order. `intent` "transcription" (the
-        connect URL's `?intent=`) starts a transcription session. `voices`: the custom voices it may use."""
+        """`executor` runs the audio work off the event loop, one job at a time per session (its audio stays in
+        order); `intent` is the connect URL's `?intent=`."""
         self._send_raw, self.pipeline, self.metrics, self.limits = send, pipeline, metrics, limits
         self.voices = voices
         self.executor = executor

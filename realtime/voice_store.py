@@ -1,6 +1,5 @@
-"""Custom voices and their consent recordings, kept across restarts: rows in SQLite, audio as WAV files, both
-under one data directory. Audio is decoded by PyAV (any container and codec FFmpeg reads) and kept as mono
-float at STORE_RATE."""
+"""Custom voices and their consent recordings, kept across restarts: rows in SQLite, audio as mono float WAV
+files at STORE_RATE, both under one data directory."""
 
 from __future__ import annotations
 
