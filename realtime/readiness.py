@@ -41,7 +41,7 @@ class Readiness:
         self.loaded = False
         self.kv_free: int | None = None  # last reading; None until the engine has answered once
         self._kv_read_at = 0.0
-        metrics.registry.register(_Gauges(self))
+        metrics.registry.register(self)  # its `collect`: the capacity families
 
     async def on_startup(self, app: object) -> None:
         self.loaded = True
@@ -71,15 +71,8 @@ class Readiness:
         except Exception:  # a busy engine keeps the last reading
             pass
 
-
-class _Gauges:
-    """The capacity families, read at collection time."""
-
-    def __init__(self, readiness: Readiness) -> None:
-        self.r = readiness
-
     def collect(self) -> Iterator[Metric]:
-        r, m = self.r, self.r.metrics
+        r, m = self, self.metrics
         ready = r.loaded and not r.draining() and m.sessions < r.max_sessions and (r.kv_free is None or r.kv_free > 0)
         yield GaugeMetricFamily("omni_ready", "1 when /health/ready answers 200 (as of the last KV reading).",
                                 value=int(ready))
