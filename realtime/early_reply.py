@@ -9,11 +9,8 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import torch
-
 from pipelines.types import Event, Message, Turn
 
-from .audio import to_model_rate
 from .items import Item, to_messages, user_audio_item
 from .protocol import new_id
 
@@ -69,8 +66,8 @@ class EarlyReply:
             return
         if self.buffer_ms < self.min_commit_ms:
             return
-        buffer, fmt, chunks, item_id = list(self.buffer), self.input_format, len(self.buffer), self.speech_item
-        audio = await self._off(lambda: to_model_rate(torch.cat(buffer), fmt, self.pipeline.spec.input_rate))
+        chunks, item_id = len(self.buffer), self.speech_item
+        audio = await self._buffer_audio()
         if len(self.buffer) != chunks or self.speech_item != item_id or self.response is not None \
                 or self.held is not None:
             return  # the buffer or the turn moved on while it was resampled

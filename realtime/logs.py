@@ -15,9 +15,6 @@ CLOSE_REASONS = {1000: "normal", 1001: "going_away", 1006: "abnormal", 1008: "cl
 
 
 class TextFormatter(logging.Formatter):
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
-
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         fields = getattr(record, "fields", None)
@@ -42,7 +39,8 @@ def _text(v: object) -> str:
 
 def setup(level: str = "info", json_lines: bool = False) -> None:
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
+    text = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    handler.setFormatter(JsonFormatter() if json_lines else TextFormatter(text))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
