@@ -78,9 +78,8 @@ class EarlyReply:
         self.held = HeldReply(turn, self.pipeline.submit(turn, held=True), item, chunks, cfg, plan)
 
     def _held_item(self, item_id: str) -> Item | None:
-        """The held turn's item, if the commit of `item_id` is the one it was made for. Audio appended since
-        EndLikely is the pause the VAD then waited out (speech would have withdrawn it), so the item is the
-        audio up to EndLikely, and the turn made from it is the right one."""
+        """The held turn's item, if the commit of `item_id` is the one it was made for (audio appended since
+        EndLikely is the pause the VAD waited out: speech would have withdrawn it)."""
         h = self.held
         if h is not None and h.item.id == item_id and h.chunks <= len(self.buffer):
             return h.item

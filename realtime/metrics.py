@@ -35,7 +35,7 @@ class EngineStats:
 
 
 def engine_stats(pipeline: Pipeline) -> EngineStats:
-    """Read the engine's counters. Runs on the engine thread: `pipeline.request(lambda: engine_stats(p))`."""
+    """The engine's counters; runs on the engine thread (`pipeline.request`)."""
     stages, cached = pipeline.stages, [s for s in pipeline.stages if s.kv is not None]
     for s in cached:
         s.kv.check()  # a scrape also checks every cache's integrity, as Pipeline.kv_check does

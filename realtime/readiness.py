@@ -18,8 +18,7 @@ KV_READ_EVERY_S = 0.5  # probes more often than this reuse the last reading
 
 
 def conversations_free(typical: int, used: dict[str, int], total: dict[str, int]) -> int:
-    """Conversations of a typical length that still fit: `typical` fit in empty caches; the fullest cache
-    (fraction of its blocks in use) decides."""
+    """Conversations of a typical length that still fit (`typical` in empty caches); the fullest cache decides."""
     free = min((1 - used.get(name, 0) / n for name, n in total.items() if n), default=1.0)
     return int(typical * free)
 

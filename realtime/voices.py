@@ -33,8 +33,8 @@ class CustomVoices:
         self.spec, self.store = spec, store
 
     def options(self, voice: Any, where: str = "voice") -> dict:
-        """{"voice": ...} or, for a custom voice, {"reference_audio", "reference_text"}. ValueError for a voice
-        this model cannot use, LookupError for a custom voice id that does not exist."""
+        """{"voice": ...} or a custom voice's fields; ValueError for a voice this model cannot use, LookupError for
+        a custom voice id that does not exist."""
         if isinstance(voice, dict):
             if set(voice) != {"id"} or not isinstance(voice["id"], str):
                 raise ValueError(f"'{where}' must be a voice name or an object {{\"id\": \"voice_...\"}}.")
