@@ -1,9 +1,5 @@
-"""OpenAI Realtime GA audio formats: `audio/pcm` (PCM16 LE, 24 kHz), `audio/pcmu` and `audio/pcma` (G.711, 8 kHz).
-
-Input audio is decoded to float32 at the format's own rate and resampled to the model's input rate; output audio
-comes from the pipeline as float PCM at the model's output rate and is encoded to the session's output format,
-optionally chunk by chunk with `OutputEncoder`.
-"""
+"""OpenAI Realtime GA audio formats: `audio/pcm` (PCM16 LE, 24 kHz), `audio/pcmu` and `audio/pcma` (G.711, 8 kHz),
+and the streaming output encoder and time stretch."""
 
 from __future__ import annotations
 
@@ -95,14 +91,10 @@ def encode(pcm: np.ndarray | torch.Tensor, fmt: AudioFormat, rate: int) -> bytes
 class OutputEncoder:
     """Streaming `encode`: `push` chunks, then `flush` once; the bytes concatenate to `encode(whole signal)`.
 
-    Without a rate change it is per sample: exact with no delay. Otherwise the resampler works in blocks: per `_in`
-    input samples it makes `_out` output samples (24k -> 8k: 3 -> 1), and a block reads `half` (its kernel's
-    half-width; 103 for 24k -> 8k) input samples either side. The encoder keeps `_context` >= half samples of
-    history (a whole number of blocks), emits a block only once its whole right support has arrived (a hold-back of
-    ~_context samples) and, on flush, the rest with zeros beyond the end as the whole-signal resample does. Each
-    emitted sample therefore sees exactly the inputs it would see in one-shot resampling: no chunk-edge clicks, and
-    only float summation order could differ (tests/test_realtime_audio.py measures it: identical bytes for chunks
-    of 1 to 2000 samples, where encoding the same chunks independently changes >100).
+    The resampler works in blocks of `_in` input -> `_out` output samples, each reading the kernel's half-width
+    either side. `_context` (>= that, whole blocks) of history is kept and a block is emitted only once its right
+    support has arrived, so every sample sees the inputs of a one-shot resample: no chunk-edge clicks
+    (tests/test_realtime_audio.py: identical bytes for chunks of 1 to 2000 samples).
     """
 
     def __init__(self, fmt: AudioFormat, rate: int) -> None:
@@ -149,13 +141,9 @@ class OutputEncoder:
 
 
 class TimeStretch:
-    """Streaming time-scale change without a pitch change (WSOLA), for `audio.output.speed`.
-
-    Output frames of N = 40 ms are Hann-windowed and overlap-added every N/2; the k-th one is read from the
-    input near k * N/2 * speed, shifted by up to +-10 ms to where it best continues the previous frame's
-    natural continuation (the highest cross-correlation), so periods line up and the pitch is kept.
-    `push` chunks of audio at `rate`, then `flush` once: the output is about len(input) / speed samples, and
-    it does not depend on how the input was chunked (each frame waits until all the input it reads exists).
+    """Streaming time-scale change without a pitch change (WSOLA), for `audio.output.speed`: 40 ms Hann frames
+    overlap-added every 20 ms, the k-th read near k * 20 ms * speed, shifted by up to +-10 ms to where it best
+    continues the previous one. `push`, then `flush` once: about len(input) / speed samples, whatever the chunking.
     """
 
     FRAME_MS, DELTA_MS = 40, 10  # frame and search tolerance

@@ -1,5 +1,5 @@
-"""What the served model can do (its `ModelSpec`), held against a session's or a response's config: its voices,
-whether it speaks, transcribes and calls tools. What it cannot do is refused with a clear error, never attempted."""
+"""What the served model can do (its `ModelSpec`) held against a session's or a response's config: what it cannot
+do is refused with a clear error, never attempted."""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "
 
 
 def model_voice(voice: Any, spec: ModelSpec, where: str = "session.audio.output.voice") -> str:
-    """The model's voice for a session's `voice` (a name or `{"id": name}`): one of the model's own (any case),
-    the default for an OpenAI voice; anything else is an invalid_value error."""
+    """The model's voice for a session's `voice` (a name or `{"id": name}`; an OpenAI voice: the default)."""
     name = voice.get("id") if isinstance(voice, dict) else voice
     if isinstance(name, str) and name.lower() in OPENAI_VOICES:
         return spec.default_voice
@@ -31,7 +30,7 @@ def model_voice(voice: Any, spec: ModelSpec, where: str = "session.audio.output.
 
 def voice_options(voice: Any, spec: ModelSpec, voices: CustomVoices | None, where: str, load: bool = True) -> dict:
     """GenerationOptions' voice fields for a session's `voice`: a model voice, or a custom voice's reference audio
-    (`{"id": "voice_..."}`, from the voice store, for a model that clones; `load` False: only checked)."""
+    (`load` False: only checked)."""
     from .voices import is_custom
 
     if not is_custom(voice):

@@ -241,9 +241,7 @@ def serve(args: argparse.Namespace) -> int:
     check_positive(args, "max_sessions", "max_session_minutes", "threads", "max_sessions_per_client")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: a TCP port is 0-65535 (0: any free port)")
-    for flag in ("drain_seconds", "drain_notice_seconds"):
-        if getattr(args, flag) < 0:
-            raise UsageError(f"--{flag.replace('_', '-')} must be zero or more (got {getattr(args, flag):g})")
+    check_positive(args, "drain_seconds", "drain_notice_seconds", zero_ok=True)
     check_before_loading(args)
     import torch
 

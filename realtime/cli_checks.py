@@ -22,43 +22,35 @@ def default_device() -> str:
 
 def check_before_loading(args: argparse.Namespace) -> ModelSpec:
     """The model's config and the device, checked before anything loads; what the model declares."""
-    check_model(args.model)
-    spec = check_model_config(args.model)
+    spec = check_model(args.model)
     check_device(args.device or default_device())
     return spec
 
 
-def check_positive(args: argparse.Namespace, *names: str) -> None:
+def check_positive(args: argparse.Namespace, *names: str, zero_ok: bool = False) -> None:
     for name in names:
-        if getattr(args, name) <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive (got {getattr(args, name):g})")
+        if getattr(args, name) < 0 or getattr(args, name) == 0 and not zero_ok:
+            raise UsageError(f"--{name.replace('_', '-')} must be {'zero or more' if zero_ok else 'positive'} "
+                             f"(got {getattr(args, name):g})")
 
 
-def check_model(model: str) -> None:
-    """Fail early, naming the file, on a model path that cannot load."""
-    from models.registry import presets
+def check_model(model: str) -> ModelSpec:
+    """What the model declares, read without its weights: a path that cannot load fails early, naming the file."""
+    from models.registry import describe, presets
 
-    if model in presets():
-        return
-    path = Path(model)
-    if not path.is_dir():
-        raise UsageError(f"--model {model}: no such directory (give a checkpoint directory, or one of "
-                         f"{', '.join(presets())})")
-    config = path / "config.json"
-    if not config.is_file():
-        raise UsageError(f"--model {model}: no config.json in that directory")
-    try:
-        data = json.loads(config.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UsageError(f"{config}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{config}: not a JSON object (a checkpoint's config.json is one)")
-
-
-def check_model_config(model: str) -> ModelSpec:
-    """Read the model's config without its weights, so that a broken one fails before anything loads."""
-    from models.registry import describe
-
+    if model not in presets():
+        path, config = Path(model), Path(model) / "config.json"
+        if not path.is_dir():
+            raise UsageError(f"--model {model}: no such directory (give a checkpoint directory, or one of "
+                             f"{', '.join(presets())})")
+        if not config.is_file():
+            raise UsageError(f"--model {model}: no config.json in that directory")
+        try:
+            data = json.loads(config.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UsageError(f"{config}: not valid JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise UsageError(f"{config}: not a JSON object (a checkpoint's config.json is one)")
     try:
         return describe(model)
     except (ValueError, TypeError, KeyError, AttributeError) as e:

@@ -1,7 +1,4 @@
-"""Graceful drain on SIGTERM (or SIGINT): the replica turns not-ready at once, refuses new sessions with 1013
-(after `notice_s`, the time a proxy needs to see the readiness change), lets open sessions and their replies run,
-and stops when the last session has gone or `window_s` has passed; the server then closes what is left with
-1001 and the process exits 0. A second signal stops it at once."""
+"""Graceful drain on SIGTERM or SIGINT (README "Security model"; deploy/README.md); a second signal stops at once."""
 
 from __future__ import annotations
 

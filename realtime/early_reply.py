@@ -1,13 +1,6 @@
-"""A reply started in the silence: on the detector's first sign that the user has finished (EndLikely),
-the session starts the turn the commit would start, held back in the pipeline (it runs; its events wait).
-
-On the commit (SpeechStopped) the client gets what it would have got anyway, in OpenAI's GA order
-(speech_stopped, committed, conversation.item.added/done, response.created, then the reply), only the
-reply is already made (its item holds the audio up to EndLikely: what followed was the pause the VAD
-waited out). If the user speaks again (EndWithdrawn), the buffer is cleared, or anything else the
-turn was made from changes (config, conversation, a client response.create), the held turn is discarded:
-the pipeline rolls the session back and not one of its events ever reaches the client.
-"""
+"""A reply started in the silence (README "Turn detection"): at EndLikely the session starts the turn the commit
+would start, held back in the pipeline; the commit releases it, anything that changes what it was made from
+discards it (the pipeline rolls the session back; none of its events reach the client)."""
 
 from __future__ import annotations
 
@@ -16,11 +9,8 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import torch
-
 from pipelines.types import Event, Message, Turn
 
-from .audio import to_model_rate
 from .items import Item, to_messages, user_audio_item
 from .protocol import new_id
 
@@ -76,8 +66,8 @@ class EarlyReply:
             return
         if self.buffer_ms < self.min_commit_ms:
             return
-        buffer, fmt, chunks, item_id = list(self.buffer), self.input_format, len(self.buffer), self.speech_item
-        audio = await self._off(lambda: to_model_rate(torch.cat(buffer), fmt, self.pipeline.spec.input_rate))
+        chunks, item_id = len(self.buffer), self.speech_item
+        audio = await self._buffer_audio()
         if len(self.buffer) != chunks or self.speech_item != item_id or self.response is not None \
                 or self.held is not None:
             return  # the buffer or the turn moved on while it was resampled
@@ -88,9 +78,8 @@ class EarlyReply:
         self.held = HeldReply(turn, self.pipeline.submit(turn, held=True), item, chunks, cfg, plan)
 
     def _held_item(self, item_id: str) -> Item | None:
-        """The held turn's item, if the commit of `item_id` is the one it was made for. Audio appended since
-        EndLikely is the pause the VAD then waited out (speech would have withdrawn it), so the item is the
-        audio up to EndLikely, and the turn made from it is the right one."""
+        """The held turn's item, if the commit of `item_id` is the one it was made for (audio appended since
+        EndLikely is the pause the VAD waited out: speech would have withdrawn it)."""
         h = self.held
         if h is not None and h.item.id == item_id and h.chunks <= len(self.buffer):
             return h.item

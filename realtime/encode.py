@@ -1,6 +1,5 @@
-"""Speech audio encoded as it is made, for /v1/audio/speech's `response_format`s: mp3, opus (in Ogg), aac (ADTS),
-flac and wav through PyAV (FFmpeg's muxers on a stream that cannot seek, so every byte is final when it is
-written), pcm as raw 24 kHz 16-bit little-endian samples, as OpenAI's."""
+"""Speech audio encoded as it is made, for /v1/audio/speech's `response_format`s: FFmpeg's muxers through PyAV on
+a stream that cannot seek (every byte is final when written), and `pcm` as raw 24 kHz PCM16 LE, as OpenAI's."""
 
 from __future__ import annotations
 

@@ -15,9 +15,8 @@ from .protocol import ProtocolError
 from .vad import ServerVad
 
 
-def decode_append(
-    data: str, fmt: AudioFormat, vad: ServerVad | None, arm_idle: int | None
-) -> tuple[torch.Tensor, list]:
+def decode_append(data: str, fmt: AudioFormat, vad: ServerVad | None,
+                  arm_idle: int | None) -> tuple[torch.Tensor, list]:
     """One append, on the worker: base64 -> samples, and the turn detector's events. `arm_idle`: start the
     idle timer that many ms after the audio clock's position (a reply still playing)."""
     try:

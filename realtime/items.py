@@ -38,13 +38,10 @@ class Conversation:
                 return item
         raise ProtocolError("item_not_found", f"Item with item_id not found: {clip(item_id)}", "item_id")
 
-    def last_id(self) -> str | None:
-        return self.items[-1].id if self.items else None
-
     def insert(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Append, or place right after `previous_item_id` ("root": first). Returns the previous id."""
         if previous_item_id is None:
-            prev = self.last_id()
+            prev = self.items[-1].id if self.items else None
             self.items.append(item)
             return prev
         if previous_item_id == "root":
@@ -124,12 +121,8 @@ def item_from_client(raw: dict, input_format: AudioFormat, rate: int) -> Item:
 
 
 def item_text(item: Item) -> str:
-    texts = []
-    for part in item.data.get("content", []):
-        for key in ("text", "transcript"):
-            if isinstance(part.get(key), str) and part["type"] not in ("input_audio",):
-                texts.append(part[key])
-    return "".join(texts)
+    return "".join(part[key] for part in item.data.get("content", []) for key in ("text", "transcript")
+                   if isinstance(part.get(key), str) and part["type"] != "input_audio")
 
 
 def to_messages(items: list[Item]) -> list[Message]:

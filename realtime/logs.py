@@ -1,7 +1,5 @@
-"""Structured log lines: one per session open and close, one per response, one per error sent to a client.
-
-Text (`event key=value ...`) or JSON lines (`--log-json`). Nothing here ever sees the API key.
-"""
+"""Structured log lines, as text (`event key=value ...`) or JSON (`--log-json`): one per session open and close,
+per response and per error sent to a client."""
 
 from __future__ import annotations
 
@@ -17,9 +15,6 @@ CLOSE_REASONS = {1000: "normal", 1001: "going_away", 1006: "abnormal", 1008: "cl
 
 
 class TextFormatter(logging.Formatter):
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
-
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         fields = getattr(record, "fields", None)
@@ -44,7 +39,8 @@ def _text(v: object) -> str:
 
 def setup(level: str = "info", json_lines: bool = False) -> None:
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
+    text = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    handler.setFormatter(JsonFormatter() if json_lines else TextFormatter(text))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

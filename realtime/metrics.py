@@ -35,7 +35,7 @@ class EngineStats:
 
 
 def engine_stats(pipeline: Pipeline) -> EngineStats:
-    """Read the engine's counters. Runs on the engine thread: `pipeline.request(lambda: engine_stats(p))`."""
+    """The engine's counters; runs on the engine thread (`pipeline.request`)."""
     stages, cached = pipeline.stages, [s for s in pipeline.stages if s.kv is not None]
     for s in cached:
         s.kv.check()  # a scrape also checks every cache's integrity, as Pipeline.kv_check does
@@ -66,7 +66,7 @@ class Metrics:
         self._responses = Counter("omni_responses", "Responses ended, by status (completed, cancelled, incomplete, "
                                   "failed) and error code (failed ones; 'none' otherwise).", ["status", "code"],
                                   registry=self.registry)
-        self.registry.register(_Live(self))
+        self.registry.register(self)  # its `collect`: the families read from the live state
         for default in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):  # process_*, python_* families
             self.registry.register(default)
 
@@ -93,23 +93,15 @@ class Metrics:
                 self.engine = None
         return generate_latest(self.registry)
 
-
-class _Live:
-    """Families read from the live state at collection time."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self.m = metrics
-
     def collect(self) -> Iterator[Metric]:
-        m = self.m
-        yield GaugeMetricFamily("omni_sessions_open", "Open realtime sessions.", value=m.sessions)
-        yield CounterMetricFamily("omni_sessions_opened", "Realtime sessions opened.", value=m.sessions_total)
+        yield GaugeMetricFamily("omni_sessions_open", "Open realtime sessions.", value=self.sessions)
+        yield CounterMetricFamily("omni_sessions_opened", "Realtime sessions opened.", value=self.sessions_total)
         yield CounterMetricFamily("omni_sessions_rejected", "Sessions refused at --max-sessions.",
-                                  value=m.rejected_total)
-        yield GaugeMetricFamily("omni_responses_active", "Responses in progress.", value=m.active_responses)
-        if m.engine is None:
+                                  value=self.rejected_total)
+        yield GaugeMetricFamily("omni_responses_active", "Responses in progress.", value=self.active_responses)
+        if self.engine is None:
             return
-        e = m.engine
+        e = self.engine
         families = (
             (GaugeMetricFamily, "omni_kv_blocks_used", "KV cache blocks in use.", e.kv_used),
             (GaugeMetricFamily, "omni_kv_blocks_capacity", "KV cache blocks in all.", e.kv_total),

@@ -8,6 +8,7 @@ import itertools
 import json
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,29 +149,50 @@ def default_transcription_session(session_id: str, audio_input: dict) -> dict:
             "include": None}
 
 
-# The shape of what a client may set: nested dicts are sections, anything else is a leaf validator.
-def _modalities(v: Any) -> None:
-    if v not in (["audio"], ["text"]):
-        raise ValueError("must be ['audio'] or ['text']")
+# The shape of what a client may set (SCHEMA): nested dicts are sections, anything else is a leaf validator.
+def _rule(message: str, ok: Callable[[Any], bool]) -> Callable[[Any], None]:
+    """A leaf validator: ValueError(`message`) for a value `ok` refuses."""
+    def check(v: Any) -> None:
+        if not ok(v):
+            raise ValueError(message)
+    return check
+
+
+EFFORTS = ("minimal", "low", "medium", "high", "xhigh")
+_modalities = _rule("must be ['audio'] or ['text']", lambda v: v in (["audio"], ["text"]))
+_str = _rule("must be a string", lambda v: isinstance(v, str))
+_bool = _rule("must be true or false", lambda v: isinstance(v, bool))
+_session_type = _rule("must be 'realtime' or 'transcription'", lambda v: v in ("realtime", "transcription"))
+_reasoning = _rule(f"must be null or {{'effort': one of {list(EFFORTS)}}}", lambda v: v is None or (
+    isinstance(v, dict) and set(v) <= {"effort"} and v.get("effort") in (None, *EFFORTS)))
+_string_map = _rule("must be null or an object of at most 16 string values", lambda v: v is None or (
+    isinstance(v, dict) and len(v) <= 16 and all(isinstance(x, str) and len(x) <= 512 for x in v.values())))
+_max_tokens = _rule("must be an integer in 1..4096 or 'inf'", lambda v: v == "inf" or (
+    not isinstance(v, bool) and isinstance(v, int) and 1 <= v <= 4096))
+_tool_choice = _rule("must be 'auto', 'none', 'required' or {'type': 'function', 'name': ...}", lambda v: v in (
+    "auto", "none", "required") or (isinstance(v, dict) and v.get("type") == "function"
+                                    and isinstance(v.get("name"), str) and set(v) == {"type", "name"}))
+_voice = _rule("must be a voice name or {'id': ...}", lambda v: (isinstance(v, str) and 0 < len(v) <= 64) or (
+    isinstance(v, dict) and set(v) == {"id"} and isinstance(v["id"], str)))
+_speed = _rule("must be a number in [0.25, 1.5]", lambda v: not isinstance(v, bool) and isinstance(v, int | float)
+               and 0.25 <= v <= 1.5)
+_include = _rule("must be null or ['item.input_audio_transcription.logprobs']", lambda v: v is None or (
+    isinstance(v, list) and all(x == "item.input_audio_transcription.logprobs" for x in v)))
+_prompt = _rule("must be null or {'id': ..., 'version': ..., 'variables': {...}}", lambda v: v is None or (
+    isinstance(v, dict) and isinstance(v.get("id"), str) and not set(v) - {"id", "version", "variables"}
+    and isinstance(v.get("version", ""), str | None) and isinstance(v.get("variables", {}), dict | None)))
+_noise_reduction = _rule("must be null or {'type': 'near_field' | 'far_field', 'strength': 0..1}",
+                         lambda v: v is None or (isinstance(v, dict) and set(v) <= {"type", "strength"}
+                                                 and v.get("type", "near_field") in ("near_field", "far_field")
+                                                 and not isinstance(v.get("strength", 1), bool)
+                                                 and isinstance(v.get("strength", 1), int | float)
+                                                 and 0 <= v.get("strength", 1) <= 1))
 
 
 def _format(v: Any) -> None:
     if not isinstance(v, dict):
         raise ValueError("must be an object like {'type': 'audio/pcm', 'rate': 24000}")
     AudioFormat.from_config(v)
-
-
-def _str(v: Any) -> None:
-    if not isinstance(v, str):
-        raise ValueError("must be a string")
-
-
-def _bool(v: Any) -> None:
-    if not isinstance(v, bool):
-        raise ValueError("must be true or false")
-
-
-EFFORTS = ("minimal", "low", "medium", "high", "xhigh")
 
 
 def _transcription(v: Any) -> None:
@@ -183,22 +205,6 @@ def _transcription(v: Any) -> None:
                    for k in lists) or v.get("delay") not in (None, *EFFORTS):
         raise ValueError("must be null or {'model': ..., 'language': ..., 'prompt': ..., 'keywords': [...], "
                          "'languages': [...], 'delay': ...}")
-
-
-def _reasoning(v: Any) -> None:
-    if v is not None and not (isinstance(v, dict) and set(v) <= {"effort"} and v.get("effort") in (None, *EFFORTS)):
-        raise ValueError(f"must be null or {{'effort': one of {list(EFFORTS)}}}")
-
-
-def _string_map(v: Any) -> None:
-    if v is not None and not (isinstance(v, dict) and len(v) <= 16 and
-                              all(isinstance(x, str) and len(x) <= 512 for x in v.values())):
-        raise ValueError("must be null or an object of at most 16 string values")
-
-
-def _max_tokens(v: Any) -> None:
-    if v != "inf" and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 4096):
-        raise ValueError("must be an integer in 1..4096 or 'inf'")
 
 
 def _turn_detection(v: Any) -> None:
@@ -224,25 +230,6 @@ def _tools(v: Any) -> None:
                              "'parameters': {...}}")
 
 
-def _tool_choice(v: Any) -> None:
-    if v in ("auto", "none", "required"):
-        return
-    if not (isinstance(v, dict) and v.get("type") == "function" and isinstance(v.get("name"), str)
-            and set(v) == {"type", "name"}):
-        raise ValueError("must be 'auto', 'none', 'required' or {'type': 'function', 'name': ...}")
-
-
-def _voice(v: Any) -> None:
-    if not (isinstance(v, str) and 0 < len(v) <= 64) and not (isinstance(v, dict) and set(v) == {"id"}
-                                                             and isinstance(v["id"], str)):
-        raise ValueError("must be a voice name or {'id': ...}")
-
-
-def _speed(v: Any) -> None:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not 0.25 <= v <= 1.5:
-        raise ValueError("must be a number in [0.25, 1.5]")
-
-
 def _tracing(v: Any) -> None:
     if v in (None, "auto"):
         return
@@ -250,19 +237,6 @@ def _tracing(v: Any) -> None:
             any(not isinstance(v.get(k), str | None) for k in ("workflow_name", "group_id")):
         raise ValueError("must be null, 'auto' or {'workflow_name': ..., 'group_id': ..., 'metadata': {...}}")
     _string_map(v.get("metadata"))
-
-
-def _include(v: Any) -> None:
-    if v is not None and not (isinstance(v, list) and all(x == "item.input_audio_transcription.logprobs" for x in v)):
-        raise ValueError("must be null or ['item.input_audio_transcription.logprobs']")
-
-
-def _prompt(v: Any) -> None:
-    if v is None:
-        return
-    if not isinstance(v, dict) or not isinstance(v.get("id"), str) or set(v) - {"id", "version", "variables"} \
-            or not isinstance(v.get("version", ""), str | None) or not isinstance(v.get("variables", {}), dict | None):
-        raise ValueError("must be null or {'id': ..., 'version': ..., 'variables': {...}}")
 
 
 def _truncation(v: Any) -> None:
@@ -276,20 +250,6 @@ def _truncation(v: Any) -> None:
             or not (limits is None or isinstance(limits, dict) and set(limits) <= {"post_instructions"} and
                     isinstance(limits.get("post_instructions", 1), int)):
         raise ValueError("must be 'auto', 'disabled' or {'type': 'retention_ratio', 'retention_ratio': 0..1}")
-
-
-def _noise_reduction(v: Any) -> None:
-    strength = v.get("strength", 1) if isinstance(v, dict) else None
-    if v is not None and not (isinstance(v, dict) and set(v) <= {"type", "strength"}
-                              and v.get("type", "near_field") in ("near_field", "far_field")
-                              and not isinstance(strength, bool) and isinstance(strength, int | float)
-                              and 0 <= strength <= 1):
-        raise ValueError("must be null or {'type': 'near_field' | 'far_field', 'strength': 0..1}")
-
-
-def _session_type(v: Any) -> None:
-    if v not in ("realtime", "transcription"):
-        raise ValueError("must be 'realtime' or 'transcription'")
 
 
 SCHEMA: dict = {

@@ -1,5 +1,5 @@
-"""Readiness: whether this replica should be given new sessions now (`GET /health/ready`), and its capacity as
-gauges on /metrics so that a proxy or an autoscaler can read it. `/health` stays liveness."""
+"""Readiness (`GET /health/ready`): whether this replica should be given new sessions now, and its capacity as
+gauges on /metrics."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ KV_READ_EVERY_S = 0.5  # probes more often than this reuse the last reading
 
 
 def conversations_free(typical: int, used: dict[str, int], total: dict[str, int]) -> int:
-    """Conversations of a typical length that still fit: `typical` fit in empty caches; the fullest cache
-    (fraction of its blocks in use) decides."""
+    """Conversations of a typical length that still fit (`typical` in empty caches); the fullest cache decides."""
     free = min((1 - used.get(name, 0) / n for name, n in total.items() if n), default=1.0)
     return int(typical * free)
 
@@ -41,7 +40,7 @@ class Readiness:
         self.loaded = False
         self.kv_free: int | None = None  # last reading; None until the engine has answered once
         self._kv_read_at = 0.0
-        metrics.registry.register(_Gauges(self))
+        metrics.registry.register(self)  # its `collect`: the capacity families
 
     async def on_startup(self, app: object) -> None:
         self.loaded = True
@@ -71,15 +70,8 @@ class Readiness:
         except Exception:  # a busy engine keeps the last reading
             pass
 
-
-class _Gauges:
-    """The capacity families, read at collection time."""
-
-    def __init__(self, readiness: Readiness) -> None:
-        self.r = readiness
-
     def collect(self) -> Iterator[Metric]:
-        r, m = self.r, self.r.metrics
+        r, m = self, self.metrics
         ready = r.loaded and not r.draining() and m.sessions < r.max_sessions and (r.kv_free is None or r.kv_free > 0)
         yield GaugeMetricFamily("omni_ready", "1 when /health/ready answers 200 (as of the last KV reading).",
                                 value=int(ready))

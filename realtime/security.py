@@ -1,8 +1,5 @@
-"""Who may use the server: the API key, the browser Origin and Host checks, and keys kept out of logs.
-
-Without `--api-key` anyone who can reach the port may use it, so two browser attacks are closed: a foreign web
-page opening a WebSocket to the local server (refused by Origin) and DNS rebinding, where a foreign name resolves
-to the server's address (refused by Host: only IP literals, localhost and the hosts of allowed origins pass)."""
+"""Who may use the server: the API key, the browser Origin and Host checks (why: README "Security model"), and keys
+kept out of logs."""
 
 from __future__ import annotations
 

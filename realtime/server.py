@@ -56,8 +56,8 @@ class ServerConfig:
 
 
 class Outbox:
-    """One session's events on their way to the socket, bounded in count and in bytes: a client that falls
-    this far behind is not reading, and its session is closed rather than buffered without end."""
+    """One session's events on their way to the socket, bounded in count and bytes (a client that far behind is
+    not reading: its session is closed)."""
 
     def __init__(self, max_events: int, max_bytes: int) -> None:
         self.queue: asyncio.Queue[str | None] = asyncio.Queue()
@@ -319,9 +319,7 @@ def _refuse(status: int, code: str, message: str) -> web.Response:
 
 
 def run(pipeline: Pipeline, cfg: ServerConfig, sock: socket.socket, ssl_context: ssl.SSLContext | None = None) -> None:
-    """Serve on `sock` (bound and listening already: a port in use fails before the model loads) until
-    SIGTERM or SIGINT and its drain (realtime/drain.py), then close every socket (1001) within
-    cfg.close_timeout_s and return."""
+    """Serve on `sock` (bound already: a port in use fails before the model loads) until a signal's drain ends."""
     server = Server(pipeline, cfg)
     app = server.app()
     app.on_startup.append(server.drain.install_signals)

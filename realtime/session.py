@@ -1,13 +1,12 @@
 """One Realtime session per WebSocket: its config, conversation, input audio buffer, turn detection and
-active response, driven by client events and by the pipeline. Item events are in item_events.py, responses in
-responding.py."""
+responses (item events: item_events.py, responses: responding.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -64,9 +63,8 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
     def __init__(self, send: Callable[[dict], None], pipeline: Pipeline, model: str, metrics: Metrics,
                  limits: Limits = Limits(), executor: Executor | None = None, intent: str | None = None,
                  voices: CustomVoices | None = None) -> None:
-        """`executor` runs the audio work (decoding, resampling, turn detection) off the event loop; a
-        session hands it one job at a time, so its audio stays in order. `intent` "transcription" (the
-        connect URL's `?intent=`) starts a transcription session. `voices`: the custom voices it may use."""
+        """`executor` runs the audio work off the event loop, one job at a time per session (its audio stays in
+        order); `intent` is the connect URL's `?intent=`."""
         self._send_raw, self.pipeline, self.metrics, self.limits = send, pipeline, metrics, limits
         self.voices = voices
         self.executor = executor
@@ -213,12 +211,11 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
         if self.buffer_ms < MIN_COMMIT_MS:
             self._clear_buffer()
             return False
-        buffer, fmt = self.buffer, self.input_format
         item = self._held_item(item_id)  # made from this very buffer at EndLikely
+        audio = self._buffer_audio() if item is None else None
         self._clear_buffer()
         if item is None:
-            audio = await self._off(lambda: to_model_rate(torch.cat(buffer), fmt, self.pipeline.spec.input_rate))
-            item = user_audio_item(item_id, audio)
+            item = user_audio_item(item_id, await audio)
         self.committed_at = time.perf_counter()
         prev = self.conversation.insert(item)
         self.send({"type": "input_audio_buffer.committed", "previous_item_id": prev, "item_id": item_id})
@@ -246,6 +243,11 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
             self.vad.reset(int(self.clock_ms))
             if self.response is None:  # the timer runs from now: the session's start, or this update
                 self.vad.arm_idle(int(self.clock_ms))
+
+    def _buffer_audio(self) -> Awaitable[torch.Tensor]:
+        """The input buffer as it is now, resampled to the model's input rate on the audio worker."""
+        buffer, fmt = list(self.buffer), self.input_format
+        return self._off(lambda: to_model_rate(torch.cat(buffer), fmt, self.pipeline.spec.input_rate))
 
     # -- input transcription, by the model itself, in the background -------------------------------------
     def _transcribe(self, item: Item) -> None:

@@ -1,13 +1,5 @@
-"""Smart Turn v3.2 (pipecat-ai, BSD-2-Clause): the probability that a speaker has finished their turn.
-
-The model (a Whisper-tiny encoder and a classifier, int8 ONNX for CPU, 8.68 MB) reads the last 8 s of a turn's
-16 kHz audio (shorter audio is zero-padded in front) as 80-bin Whisper log-mel features: the waveform normalised
-to zero mean and unit variance, a centred 400-sample Hann STFT every 160 samples, Slaney mel filters over
-0..8 kHz, log10 floored at 1e-10, the last frame dropped (800 frames), clamped to 8 below the maximum, then
-(x + 4) / 4. Its one output is a sigmoid probability that the turn is complete.
-
-The file is fetched at install time (`python -m realtime.turn_model fetch`, run by the Makefile) into
-`turn_model_path()`; sessions without it fall back to server_vad (realtime/vad.py).
+"""Smart Turn v3.2 (pipecat-ai, BSD-2-Clause): the probability that a speaker has finished their turn, from the
+last 8 s of the turn's 16 kHz audio as Whisper log-mel features (`features`). The model file: realtime/turn_model.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""POST /v1/audio/speech, as OpenAI's: a text read aloud by the served model (a turn like any other, batched with
-the rest), sent as encoded audio while it is made (`stream_format` "audio", chunked) or as server-sent
-`speech.audio.delta` / `speech.audio.done` events ("sse")."""
+"""POST /v1/audio/speech, as OpenAI's: a text read aloud by the served model, streamed as encoded audio
+(`stream_format` "audio") or as server-sent `speech.audio.delta` / `speech.audio.done` events ("sse")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Install-time fetch of the Smart Turn v3.2 model: `python -m realtime.turn_model fetch [DEST]`.
-
-The file ships inside the pipecat-ai 1.14.0 wheel; the wheel is downloaded from the package index with pip
-(`pip download --no-deps`, never installed), the one file is taken out and checked against a pinned SHA-256,
-then stored at DEST (default: `turn_model_path()`, inside the virtual environment). Idempotent: a file already
-there with the right hash is kept.
-"""
+"""Install-time fetch of the Smart Turn v3.2 model: `python -m realtime.turn_model fetch [DEST]` (README "Turn
+detection": from the pipecat-ai wheel, never installed, checked against a pinned SHA-256; idempotent)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""semantic_vad's eagerness presets: when Smart Turn v3.2 is asked, and how sure it must be to end a turn.
-
-Smart Turn judges prosody and wording; on espeak-ng speech (flat synthetic prosody) it gave 0.81-0.98 for complete
-sentences and 0.02-0.98 for sentences cut mid-way (high only where the cut falls after a complete clause), so a
-pause is ended early only at high confidence and never later than `max_silence_ms`, which sits above the corpus'
-longest mid-sentence pause (900 ms) for medium, auto and low. Measured on this corpus: benchmarks/bench_turns.py.
+"""semantic_vad's eagerness presets; why they sit where they do: README "Turn detection" (benchmarks/bench_turns.py).
 """
 
 from __future__ import annotations

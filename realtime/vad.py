@@ -1,27 +1,10 @@
-"""Server-side turn detection on the input audio: `server_vad` on Silero VAD, `semantic_vad` adding Smart Turn v3.2.
+"""Turn detection on the input audio: `server_vad` on Silero VAD, `semantic_vad` adding Smart Turn v3.2 (the rules,
+presets and fallback: README "Turn detection").
 
-Audio arrives as float32 at the model's input rate (resampled to 16 kHz otherwise) in any chunk size and is judged
-in 32 ms frames (Silero's 512 samples; a remainder waits for the next push). Positions are integer ms of input audio
-since `reset(origin_ms)` (0 at construction), so events fall on 32 ms frame boundaries.
-
-- `threshold` (0..1) is Silero's speech probability, as OpenAI documents it ("a higher threshold will require
-  louder audio to activate the model"): a frame opens speech at probability >= threshold. Inside speech a frame
-  counts as silence below `threshold - 0.15` (at least 0.01): Silero's own hysteresis, so a word's soft edges
-  do not end the turn.
-- Speech starts after `min_speech_ms` (default 96 ms, 3 frames) of consecutive speech frames, so clicks never open
-  a turn. `SpeechStarted.audio_start_ms` is the first speech frame of the run minus `prefix_padding_ms`, clamped
-  at the origin.
-- server_vad: speech stops once `silence_duration_ms` of consecutive silence frames (rounded up to whole frames)
-  follow it. As in OpenAI's protocol, `SpeechStopped.audio_end_ms` is that detection point, so it includes the
-  silence; `speech_end_ms` is the end of the last speech frame.
-- semantic_vad: once a pause reaches the preset's `candidate_ms`, Smart Turn reads the turn's last 8 s; at
-  `confidence` or more the turn ends there, else it is asked again after each further `candidate_ms` of pause, up
-  to `asks` times, and the turn ends at `max_silence_ms` whatever it says (`EAGERNESS`, realtime/turn_presets.py).
-  Without the model file the session is served as server_vad with `silence_duration_ms` by eagerness (low 1000,
-  medium and auto 500, high 250) and a warning in the log.
-- `idle_timeout_ms` (server_vad only): `arm_idle(at_ms)` starts the timer, on the audio clock, e.g. when the
-  last response finished playing; once that much audio passes with no speech, `push` (or `idle(now_ms)`) yields
-  one `IdleTimeout(audio_start_ms, audio_end_ms)`. Speech disarms it.
+Audio is judged in 32 ms frames at 16 kHz (a remainder waits for the next push). Positions are integer ms of input
+audio since `reset(origin_ms)`. As in OpenAI's protocol, `SpeechStopped.audio_end_ms` is the detection point (it
+includes the silence); `speech_end_ms` is the end of the last speech frame. The idle timer runs on the audio clock
+from `arm_idle(at_ms)`; speech disarms it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""Custom voices and their consent recordings, kept across restarts: rows in SQLite, audio as WAV files, both
-under one data directory. Audio is decoded by PyAV (any container and codec FFmpeg reads) and kept as mono
-float at STORE_RATE."""
+"""Custom voices and their consent recordings, kept across restarts: rows in SQLite, audio as mono float WAV
+files at STORE_RATE, both under one data directory."""
 
 from __future__ import annotations
 
@@ -112,13 +111,11 @@ class VoiceStore:
     def add_consent(self, name: str, language: str, recording: np.ndarray) -> Consent:
         consent = Consent(f"cons_{secrets.token_hex(12)}", name, language, int(time.time()))
         self._write_audio(consent.id, recording)
-        self._sql("INSERT INTO consents VALUES (?, ?, ?, ?)",
-                             (consent.id, name, language, consent.created_at))
+        self._sql("INSERT INTO consents VALUES (?, ?, ?, ?)", (consent.id, name, language, consent.created_at))
         return consent
 
     def consent(self, consent_id: str) -> Consent | None:
-        row = self._sql("SELECT id, name, language, created_at FROM consents WHERE id = ?",
-                                   (consent_id,))
+        row = self._sql("SELECT id, name, language, created_at FROM consents WHERE id = ?", (consent_id,))
         return Consent(*row[0]) if row else None
 
     def consents(self, after: str | None = None, limit: int = 20) -> tuple[list[Consent], bool]:
@@ -145,13 +142,11 @@ class VoiceStore:
         return voice
 
     def voice(self, voice_id: str) -> Voice | None:
-        row = self._sql("SELECT id, name, consent, created_at FROM voices WHERE id = ?",
-                                   (voice_id,))
+        row = self._sql("SELECT id, name, consent, created_at FROM voices WHERE id = ?", (voice_id,))
         return Voice(*row[0]) if row else None
 
     def voices(self) -> list[Voice]:
-        rows = self._sql("SELECT id, name, consent, created_at FROM voices ORDER BY rowid DESC")
-        return [Voice(*r) for r in rows]
+        return [Voice(*r) for r in self._sql("SELECT id, name, consent, created_at FROM voices ORDER BY rowid DESC")]
 
     def delete_voice(self, voice_id: str) -> bool:
         return self._delete("voices", voice_id)

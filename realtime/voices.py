@@ -33,8 +33,8 @@ class CustomVoices:
         self.spec, self.store = spec, store
 
     def options(self, voice: Any, where: str = "voice") -> dict:
-        """{"voice": ...} or, for a custom voice, {"reference_audio", "reference_text"}. ValueError for a voice
-        this model cannot use, LookupError for a custom voice id that does not exist."""
+        """{"voice": ...} or a custom voice's fields; ValueError for a voice this model cannot use, LookupError for
+        a custom voice id that does not exist."""
         if isinstance(voice, dict):
             if set(voice) != {"id"} or not isinstance(voice["id"], str):
                 raise ValueError(f"'{where}' must be a voice name or an object {{\"id\": \"voice_...\"}}.")
@@ -105,26 +105,17 @@ class VoiceApi:
             limit = 0
         if not 1 <= limit <= 100:
             raise invalid("limit", "'limit' must be an integer from 1 to 100.")
-        items, more = self.store.consents(request.query.get("after"), limit)
-        return web.json_response({"object": "list", "data": [c.to_api() for c in items], "has_more": more,
-                                  "first_id": items[0].id if items else None,
-                                  "last_id": items[-1].id if items else None})
+        return _page(*self.store.consents(request.query.get("after"), limit))
 
     async def get_consent(self, request: web.Request) -> web.Response:
-        consent = self.store.consent(request.match_info["id"])
-        if consent is None:
-            raise not_found("voice consent", request.match_info["id"])
-        return web.json_response(consent.to_api())
+        return _found(self.store.consent(request.match_info["id"]), "voice consent", request)
 
     async def update_consent(self, request: web.Request) -> web.Response:
         body = await _json(request)
         name = body.get("name")
         if not isinstance(name, str) or not name.strip():
             raise invalid("name", "'name' must be a non-empty string.")
-        consent = self.store.rename_consent(request.match_info["id"], name)
-        if consent is None:
-            raise not_found("voice consent", request.match_info["id"])
-        return web.json_response(consent.to_api())
+        return _found(self.store.rename_consent(request.match_info["id"], name), "voice consent", request)
 
     async def delete_consent(self, request: web.Request) -> web.Response:
         if not self.store.delete_consent(request.match_info["id"]):
@@ -143,16 +134,10 @@ class VoiceApi:
         return web.json_response(self.store.add_voice(name, consent, sample).to_api())
 
     async def list_voices(self, request: web.Request) -> web.Response:
-        voices = self.store.voices()
-        return web.json_response({"object": "list", "data": [v.to_api() for v in voices], "has_more": False,
-                                  "first_id": voices[0].id if voices else None,
-                                  "last_id": voices[-1].id if voices else None})
+        return _page(self.store.voices(), False)
 
     async def get_voice(self, request: web.Request) -> web.Response:
-        voice = self.store.voice(request.match_info["id"])
-        if voice is None:
-            raise not_found("voice", request.match_info["id"])
-        return web.json_response(voice.to_api())
+        return _found(self.store.voice(request.match_info["id"]), "voice", request)
 
     async def delete_voice(self, request: web.Request) -> web.Response:
         if not self.store.delete_voice(request.match_info["id"]):
@@ -190,6 +175,17 @@ async def _form(request: web.Request, file_field: str) -> dict[str, str | bytes]
                                part.name, "file_too_large")
         fields[part.name] = bytes(data) if part.name == file_field else data.decode("utf-8", "replace")
     return fields
+
+
+def _page(items: list, more: bool) -> web.Response:
+    return web.json_response({"object": "list", "data": [i.to_api() for i in items], "has_more": more,
+                              "first_id": items[0].id if items else None, "last_id": items[-1].id if items else None})
+
+
+def _found(row: Any, what: str, request: web.Request) -> web.Response:
+    if row is None:
+        raise not_found(what, request.match_info["id"])
+    return web.json_response(row.to_api())
 
 
 def _text(fields: dict, name: str) -> str:
