@@ -272,10 +272,11 @@ def test_server_vad_turn_with_settings_log_meter_and_latency(pipeline, chromium:
         spec = pipeline.spec  # the page's voices and model id come from the server's /v1/models
         browser.wait("document.querySelectorAll('#voice option').length > 0", "the voices from /v1/models")
         voices = page.locator("#voice option").evaluate_all("options => options.map(o => o.value)")
-        assert voices == list(spec.voices) and page.get_by_label("Voice").input_value() == spec.default_voice
+        voice = page.get_by_label("Voice", exact=True)  # not the read-aloud box's "Text to speak in this voice"
+        assert voices == list(spec.voices) and voice.input_value() == spec.default_voice
         assert page.locator("#model-id").text_content() == spec.name
         other = next(v for v in spec.voices if v != spec.default_voice)
-        page.get_by_label("Voice").select_option(other)
+        page.get_by_label("Voice", exact=True).select_option(other)
         page.locator("#transcribe").check()  # transcription is opt-in; asked for, it names the served model
         browser.button("Connect").click()
         browser.wait_state("ready")
