@@ -66,11 +66,11 @@ def parse_request(body: Any, pipeline: Pipeline, voices: CustomVoices, limits: L
         raise invalid("instructions", f"This model ({spec.name}) does not take speaking instructions: "
                       "leave 'instructions' out.")
     fmt = body.get("response_format", "mp3")
-    if fmt not in FORMATS:
+    if not isinstance(fmt, str) or fmt not in FORMATS:
         raise invalid("response_format", f"Invalid value for 'response_format': {fmt!r}; supported: "
                       f"{', '.join(FORMATS)}.")
     stream = body.get("stream_format", "audio")
-    if stream not in STREAM_FORMATS:
+    if not isinstance(stream, str) or stream not in STREAM_FORMATS:
         raise invalid("stream_format", f"Invalid value for 'stream_format': {stream!r}; supported: audio, sse.")
     speed = body.get("speed", 1.0)
     if isinstance(speed, bool) or not isinstance(speed, int | float) or not MIN_SPEED <= speed <= MAX_SPEED:

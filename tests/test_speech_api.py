@@ -122,6 +122,8 @@ def test_sse_in_another_format_decodes(server, reference) -> None:
     ({"voice": {"id": "voice_0000"}}, 404, "voice", "No custom voice found"),
     ({"response_format": "ogg"}, 400, "response_format", "mp3, opus, aac, flac, wav, pcm"),
     ({"stream_format": "chunks"}, 400, "stream_format", "audio, sse"),
+    ({"response_format": ["mp3"]}, 400, "response_format", "mp3, opus, aac, flac, wav, pcm"),
+    ({"stream_format": {"type": "sse"}}, 400, "stream_format", "audio, sse"),
 ])
 def test_bad_requests_get_openai_errors(server, change: dict, status: int, param: str, text: str) -> None:
     client, _, _ = server
