@@ -249,3 +249,15 @@ class LayerStack(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, i, cache)
         return self.norm(x)
+
+
+class ResizeMLP(nn.Module):
+    """One width to another: fc1, SiLU, fc2 (both with bias)."""
+
+    def __init__(self, inp: int, intermediate: int, out: int) -> None:
+        super().__init__()
+        self.linear_fc1 = nn.Linear(inp, intermediate)
+        self.linear_fc2 = nn.Linear(intermediate, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(F.silu(self.linear_fc1(x)))

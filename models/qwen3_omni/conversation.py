@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from models.common.rows import Rows
 from models.common.tokenizer import StreamDecoder
 from pipelines.types import AudioChunk, Event, TextDelta, TurnDone, TurnError, Usage
 
@@ -16,42 +17,6 @@ from .audio_stream import AudioStream
 from .spec import TurnSettings
 from .talker_prompt import TtsEmbeds
 from .tools import parse_tool_calls
-
-
-class Rows:
-    """A growing [N, H] tensor kept as chunks; `tail(start)` returns rows start..N-1."""
-
-    def __init__(self) -> None:
-        self.chunks: list[torch.Tensor] = []
-        self.n = 0
-
-    def append(self, rows: torch.Tensor) -> None:
-        self.chunks.append(rows)
-        self.n += rows.shape[0]
-
-    def tail(self, start: int) -> torch.Tensor:
-        picked, end = [], self.n
-        for chunk in reversed(self.chunks):
-            if end <= start:
-                break
-            lo = max(0, chunk.shape[0] - (end - start))
-            picked.append(chunk[lo:])
-            end -= chunk.shape[0]
-        return torch.cat(picked[::-1]) if picked else self.chunks[0][:0]
-
-    def all(self) -> torch.Tensor:
-        return self.tail(0)
-
-    def truncate(self, n: int) -> None:
-        """Keep rows 0..n-1."""
-        while self.n > n:
-            last = self.chunks[-1]
-            drop = min(last.shape[0], self.n - n)
-            self.n -= drop
-            if drop == last.shape[0]:
-                self.chunks.pop()
-            else:
-                self.chunks[-1] = last[: last.shape[0] - drop]
 
 
 @dataclass(frozen=True)

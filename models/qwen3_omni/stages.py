@@ -6,11 +6,12 @@ from collections.abc import Callable
 
 import torch
 
+from models.common.rows import Rows
 from models.common.work import Work
 from pipelines.kv_cache import BatchKV, PagedKVCache
 
 from .audio_stream import AudioStream
-from .conversation import Rows, TurnState
+from .conversation import TurnState
 from .model import Qwen3Omni
 
 

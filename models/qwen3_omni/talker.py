@@ -7,26 +7,13 @@ Thinker token embeddings and audio positions' hidden states enter through two ML
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from models.common.code_predictor import CodePredictor, Sampler, greedy
 from models.common.config import ConfigError, TextConfig
 from models.common.frame import CodecFrame, next_frame
-from models.common.layers import KVCache, LayerStack, RMSNorm, Rope, text_layer
+from models.common.layers import KVCache, LayerStack, ResizeMLP, RMSNorm, Rope, text_layer
 from models.qwen3_omni.config import TalkerConfig
-
-
-class ResizeMLP(nn.Module):
-    """thinker width -> talker width: fc1, SiLU, fc2 (both with bias)."""
-
-    def __init__(self, inp: int, intermediate: int, out: int) -> None:
-        super().__init__()
-        self.linear_fc1 = nn.Linear(inp, intermediate)
-        self.linear_fc2 = nn.Linear(intermediate, out)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_fc2(F.silu(self.linear_fc1(x)))
 
 
 class TalkerModel(LayerStack):

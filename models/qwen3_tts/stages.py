@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 
 from models.common.frame_stage import FrameStage
+from models.common.rows import Rows
 from models.common.work import Work
 from pipelines.kv_cache import PagedKVCache
 from pipelines.stage import StageConfig
@@ -21,33 +22,13 @@ CONTROL_IDS = 1024  # the codec vocabulary's last ids are control ids, never sam
 MIN_FRAMES = 2  # the reference's min_new_tokens: no EOS before the third token
 
 
-class Rows:
-    """A growing [N, H] tensor kept as chunks; `tail(start)` returns rows start..N-1."""
-
-    def __init__(self, first: torch.Tensor) -> None:
-        self.chunks = [first]
-        self.n = first.shape[0]
-
-    def append(self, rows: torch.Tensor) -> None:
-        self.chunks.append(rows)
-        self.n += rows.shape[0]
-
-    def tail(self, start: int) -> torch.Tensor:
-        picked, end = [], self.n
-        for chunk in reversed(self.chunks):
-            if end <= start:
-                break
-            picked.append(chunk[max(0, chunk.shape[0] - (end - start)):])
-            end -= chunk.shape[0]
-        return torch.cat(picked[::-1]) if picked else self.chunks[0][:0]
-
-
 class TalkerWork(Work):
     def __init__(self, turn: TurnState, kv: PagedKVCache) -> None:
         super().__init__(turn, f"talker:{turn.turn_id}")
         self.turn: TurnState = turn
         self.kv = kv
-        self.inputs = Rows(turn.prompt.embeds)
+        self.inputs = Rows()
+        self.inputs.append(turn.prompt.embeds)
         self.next_embed: torch.Tensor | None = None  # codec part of the next input, once a frame is made
         self.steps = 0  # decode inputs appended
         self.slot: int | None = None  # row of the repetition-penalty state, from the first step

@@ -7,24 +7,13 @@ predictor input to the predictor's.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from models.common.code_predictor import CodePredictor
 from models.common.config import CodePredictorConfig
-from models.common.layers import KVCache, LayerStack, RMSNorm, Rope, text_layer
+from models.common.layers import KVCache, LayerStack, ResizeMLP, RMSNorm, Rope, text_layer
 
 from .config import TalkerConfig
-
-
-class ResizeMLP(nn.Module):
-    def __init__(self, inp: int, intermediate: int, out: int) -> None:
-        super().__init__()
-        self.linear_fc1 = nn.Linear(inp, intermediate)
-        self.linear_fc2 = nn.Linear(intermediate, out)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_fc2(F.silu(self.linear_fc1(x)))
 
 
 class TtsCodePredictor(CodePredictor):
