@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 import torch
 
 from models.common.rows import Rows
+from models.common.speaking import SpeakingState
 from models.common.tokenizer import StreamDecoder
-from pipelines.types import AudioChunk, Event, TextDelta, TurnDone, TurnError, Usage
+from pipelines.types import Event, TextDelta, TurnDone, Usage
 
 from .audio_stream import AudioStream
 from .spec import TurnSettings
@@ -51,7 +52,7 @@ class Session:
 
 
 @dataclass
-class TurnState:
+class TurnState(SpeakingState):
     turn_id: str
     session: Session
     options: TurnSettings
@@ -88,19 +89,12 @@ class TurnState:
     t_first_text: float | None = None
     t_first_audio: float | None = None
 
-    def emit(self, event: Event) -> None:
-        if not self.finished:
-            self.emit_event(event)
-
     def urgency(self) -> float:
         """Seconds of audio the listener still has buffered; before the first audio, minus the time the
         listener has been waiting for it."""
         if not self.speaking or self.options.background or self.held:
             return float("inf")
-        now = time.perf_counter()
-        if self.t_first_audio is None:
-            return self.t_start - now
-        return self.audio_samples / self.rate - (now - self.t_first_audio)
+        return self.audio_urgency()
 
     def on_prompt_embeds(self, embeds: torch.Tensor) -> None:
         """This turn's new thinker inputs are embedded: they join the session, ready to prefill."""
@@ -136,35 +130,6 @@ class TurnState:
             self.text_stop = "completed" if token == self.im_end else "length"
             self.maybe_finish()
 
-    def on_frame(self, codes: list[int], row: torch.Tensor, embed_sum: torch.Tensor, eos: int) -> torch.Tensor | None:
-        """A codec frame from the talker; returns the codec part of the talker's next input, if any."""
-        if codes[0] == eos:
-            self.talker_done = True
-            return None
-        self.codes.append(codes)
-        self.frames_out.append(row)
-        if len(self.codes) >= self.options.max_frames:
-            self.talker_done, self.audio_stop = True, "length"
-            return None
-        return embed_sum
-
-    def on_audio(self, chunk: AudioChunk) -> None:
-        if self.t_first_audio is None:
-            self.t_first_audio = time.perf_counter()
-        self.audio_samples += chunk.pcm.shape[0]
-        self.emit(chunk)
-
-    def fail(self, code: str, message: str) -> None:
-        if not self.finished:
-            self.emit_event(TurnError(self.turn_id, code, message))
-            self._close()
-
-    def _close(self) -> None:
-        self.finished = True
-        if self.session.turn is self:
-            self.session.turn = None
-        self.on_close()
-
     def maybe_finish(self) -> bool:
         if self.finished or not self.thinker_done or (self.speaking and not self.audio_done):
             return False
@@ -174,12 +139,7 @@ class TurnState:
     def finish(self, status: str) -> None:
         if self.finished:
             return
-        now = time.perf_counter()
-        seconds = self.audio_samples / self.rate if self.rate else 0.0
-        marks = {"total_ms": now, "first_text_ms": self.t_first_text, "first_audio_ms": self.t_first_audio}
-        timings = {k: (t - self.t_start) * 1e3 for k, t in marks.items() if t is not None}
-        if seconds > 0:
-            timings["rtf"] = (now - self.t_start) / seconds
+        timings = self.timings(time.perf_counter(), first_text_ms=self.t_first_text)
         tail = self.decoder.flush()
         if tail:
             self.emit(TextDelta(self.turn_id, tail, ()))

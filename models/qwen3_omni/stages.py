@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from models.common.rows import Rows
+from models.common.speaking import FrameWork
 from models.common.work import Work
 from pipelines.kv_cache import BatchKV, PagedKVCache
 
@@ -38,21 +38,10 @@ class ThinkerWork(Work):
         return len(t.session.ids) - self.kv.length(self.key)
 
 
-class TalkerWork(Work):
+class TalkerWork(FrameWork):
     def __init__(self, turn: TurnState, kv: PagedKVCache, prompt: Callable[[TurnState], torch.Tensor]) -> None:
-        super().__init__(turn, f"talker:{turn.turn_id}")
-        self.kv = kv
+        super().__init__(turn, kv)
         self.prompt = prompt
-        self.inputs = Rows()
-        self.next_embed: torch.Tensor | None = None  # codec part of the next input, once a frame is made
-        self.steps = 0  # decode inputs appended
-        self.slot: int | None = None  # row of the talker's repetition-penalty state, from its first step
-        self.free_slot: Callable[[int], None] = lambda slot: None
-
-    def release(self) -> None:
-        if self.slot is not None:
-            self.free_slot(self.slot)
-            self.slot = None
 
     def pending(self) -> int:
         t = self.turn

@@ -4,13 +4,10 @@ Its work feeds the prompt, then per frame the frame's code embedding sum plus th
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from models.common.frame_stage import FrameStage
-from models.common.rows import Rows
-from models.common.work import Work
+from models.common.speaking import FrameWork
 from pipelines.kv_cache import PagedKVCache
 from pipelines.stage import StageConfig
 
@@ -22,22 +19,11 @@ CONTROL_IDS = 1024  # the codec vocabulary's last ids are control ids, never sam
 MIN_FRAMES = 2  # the reference's min_new_tokens: no EOS before the third token
 
 
-class TalkerWork(Work):
+class TalkerWork(FrameWork):
     def __init__(self, turn: TurnState, kv: PagedKVCache) -> None:
-        super().__init__(turn, f"talker:{turn.turn_id}")
+        super().__init__(turn, kv)
         self.turn: TurnState = turn
-        self.kv = kv
-        self.inputs = Rows()
         self.inputs.append(turn.prompt.embeds)
-        self.next_embed: torch.Tensor | None = None  # codec part of the next input, once a frame is made
-        self.steps = 0  # decode inputs appended
-        self.slot: int | None = None  # row of the repetition-penalty state, from the first step
-        self.free_slot: Callable[[int], None] = lambda slot: None
-
-    def release(self) -> None:
-        if self.slot is not None:
-            self.free_slot(self.slot)
-            self.slot = None
 
     def pending(self) -> int:
         t = self.turn

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipelines.types import AudioChunk, Event, TextDelta, TurnDone, TurnError, Usage
+from models.common.speaking import SpeakingState
+from pipelines.types import Event, TextDelta, TurnDone, Usage
 
 from .prompt import TalkerPrompt
 from .spec import TurnSettings
@@ -25,7 +26,7 @@ class Session:
 
 
 @dataclass
-class TurnState:
+class TurnState(SpeakingState):
     turn_id: str
     session: Session
     options: TurnSettings
@@ -46,48 +47,14 @@ class TurnState:
     t_start: float = field(default_factory=time.perf_counter)
     t_first_audio: float | None = None
 
-    def emit(self, event: Event) -> None:
-        if not self.finished:
-            self.emit_event(event)
-
     def urgency(self) -> float:
         """Seconds of audio the listener still has buffered; before the first audio, minus the wait."""
-        if self.options.background:
-            return float("inf")
-        now = time.perf_counter()
-        if self.t_first_audio is None:
-            return self.t_start - now
-        return self.audio_samples / self.rate - (now - self.t_first_audio)
+        return float("inf") if self.options.background else self.audio_urgency()
 
     def on_frame(self, codes: list[int], row: torch.Tensor, embed_sum: torch.Tensor, eos: int) -> torch.Tensor | None:
-        if codes[0] == eos:
-            self.talker_done = True
-            return None
-        if not self.codes:  # the transcript of the speech is the text read
+        if codes[0] != eos and not self.codes:  # the transcript of the speech is the text read
             self.emit(TextDelta(self.turn_id, self.text, self.text_ids))
-        self.codes.append(codes)
-        self.frames_out.append(row)
-        if len(self.codes) >= self.options.max_frames:
-            self.talker_done, self.audio_stop = True, "length"
-            return None
-        return embed_sum
-
-    def on_audio(self, chunk: AudioChunk) -> None:
-        if self.t_first_audio is None:
-            self.t_first_audio = time.perf_counter()
-        self.audio_samples += chunk.pcm.shape[0]
-        self.emit(chunk)
-
-    def fail(self, code: str, message: str) -> None:
-        if not self.finished:
-            self.emit_event(TurnError(self.turn_id, code, message))
-            self._close()
-
-    def _close(self) -> None:
-        self.finished = True
-        if self.session.turn is self:
-            self.session.turn = None
-        self.on_close()
+        return super().on_frame(codes, row, embed_sum, eos)
 
     def maybe_finish(self) -> bool:
         if self.finished or not self.audio_done:
@@ -98,12 +65,7 @@ class TurnState:
     def finish(self, status: str) -> None:
         if self.finished:
             return
-        now = time.perf_counter()
-        timings = {"total_ms": (now - self.t_start) * 1e3}
-        if self.t_first_audio is not None:
-            timings["first_audio_ms"] = (self.t_first_audio - self.t_start) * 1e3
-        if self.audio_samples:
-            timings["rtf"] = (now - self.t_start) / (self.audio_samples / self.rate)
+        timings = self.timings(time.perf_counter())
         spoken = bool(self.codes)
         usage = Usage(self.input_tokens, 0, 0, len(self.codes))
         self.emit(TurnDone(self.turn_id, status, self.text if spoken else "", self.text_ids if spoken else (),

@@ -1,0 +1,87 @@
+"""What every speaking turn does the same way, whatever its model: a turn state's frame, audio, failure and
+close handling (`SpeakingState`, a mixin over the model's own dataclass fields) and the frame stage's work
+item (`FrameWork`: its inputs, the codec part of its next input and its repetition-penalty slot)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from pipelines.kv_cache import PagedKVCache
+from pipelines.types import AudioChunk, Event, TurnError
+
+from .rows import Rows
+from .work import Turn, Work
+
+
+class SpeakingState:
+    """Reads and writes the subclass's fields: turn_id, session, options (max_frames), emit_event, on_close,
+    codes, frames_out, talker_done, audio_stop, audio_samples, rate, finished, t_start, t_first_audio."""
+
+    def emit(self, event: Event) -> None:
+        if not self.finished:
+            self.emit_event(event)
+
+    def audio_urgency(self) -> float:
+        """Seconds of audio the listener still has buffered; before the first audio, minus the wait."""
+        now = time.perf_counter()
+        if self.t_first_audio is None:
+            return self.t_start - now
+        return self.audio_samples / self.rate - (now - self.t_first_audio)
+
+    def on_frame(self, codes: list[int], row: torch.Tensor, embed_sum: torch.Tensor, eos: int) -> torch.Tensor | None:
+        """A codec frame from the talker; returns the codec part of the talker's next input, if any."""
+        if codes[0] == eos:
+            self.talker_done = True
+            return None
+        self.codes.append(codes)
+        self.frames_out.append(row)
+        if len(self.codes) >= self.options.max_frames:
+            self.talker_done, self.audio_stop = True, "length"
+            return None
+        return embed_sum
+
+    def on_audio(self, chunk: AudioChunk) -> None:
+        if self.t_first_audio is None:
+            self.t_first_audio = time.perf_counter()
+        self.audio_samples += chunk.pcm.shape[0]
+        self.emit(chunk)
+
+    def fail(self, code: str, message: str) -> None:
+        if not self.finished:
+            self.emit_event(TurnError(self.turn_id, code, message))
+            self._close()
+
+    def _close(self) -> None:
+        self.finished = True
+        if self.session.turn is self:
+            self.session.turn = None
+        self.on_close()
+
+    def timings(self, now: float, **marks: float | None) -> dict[str, float]:
+        """total_ms, each mark's ms after the start, first_audio_ms, and rtf once there is audio."""
+        marks = {"total_ms": now, **marks, "first_audio_ms": self.t_first_audio}
+        out = {k: (t - self.t_start) * 1e3 for k, t in marks.items() if t is not None}
+        if self.audio_samples:
+            out["rtf"] = (now - self.t_start) / (self.audio_samples / self.rate)
+        return out
+
+
+class FrameWork(Work):
+    """A turn's stream in the frame stage; its first inputs come from the model's prompt rules."""
+
+    def __init__(self, turn: Turn, kv: PagedKVCache) -> None:
+        super().__init__(turn, f"talker:{turn.turn_id}")
+        self.kv = kv
+        self.inputs = Rows()
+        self.next_embed: torch.Tensor | None = None  # codec part of the next input, once a frame is made
+        self.steps = 0  # decode inputs appended
+        self.slot: int | None = None  # row of the stage's repetition-penalty state, from the first step
+        self.free_slot: Callable[[int], None] = lambda slot: None
+
+    def release(self) -> None:
+        if self.slot is not None:
+            self.free_slot(self.slot)
+            self.slot = None
