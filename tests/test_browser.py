@@ -420,9 +420,15 @@ def test_barge_in_cuts_the_bubble_to_what_was_heard(pipeline, chromium: str, two
         heard = retrieved["item"]["content"][0]["transcript"]
         truncated = next(e for e in browser.received if e["type"] == "conversation.item.truncated")
         assert truncated["item_id"] == item and truncated["audio_end_ms"] == cut["audio_end_ms"]
-        cancelled = next(e for e in browser.received if e["type"] == "response.done")["response"]
-        assert cancelled["status"] == "cancelled", cancelled
-        assert "response.cancel" not in [e["type"] for e in browser.sent]  # the server's VAD cancelled it
+        types = [e["type"] for e in browser.received]
+        first_done = types.index("response.done")
+        first = browser.received[first_done]["response"]
+        barged = [i for i, t in enumerate(types) if t == "input_audio_buffer.speech_started"][1]
+        if barged < first_done:  # still generating when the user spoke: the server's VAD cancelled it
+            assert first["status"] == "cancelled", first
+        else:  # generation had ended (a fast machine) but playback had not: truncation alone cuts it
+            assert first["status"] in ("completed", "incomplete"), first
+        assert "response.cancel" not in [e["type"] for e in browser.sent]
         bubble = page.locator(f'.turn.assistant[data-item="{item}"]')
         assert bubble.locator(".text").text_content() == heard
         assert len(heard) < len(full), (heard, full)  # cut: less than was generated
