@@ -8,7 +8,7 @@ sent, each reading the bytes as they come:
 - RTF: request sent -> last byte, over the seconds of audio received.
 
   python -m benchmarks.bench_speech --model tiny-tts --device cpu --rate 1 --requests 5   # smoke test
-  python -m benchmarks.bench_speech --model DIR --rate 20 --requests 200                  # on a GPU
+  python -m benchmarks.bench_speech --model DIR --load 1:20 --load 20:200 --load 0:64    # on a GPU
 """
 
 from __future__ import annotations
@@ -73,12 +73,26 @@ async def load(url: str, rate: float, requests: int, chars: int, seed: int) -> l
         tasks = []
         for _ in range(requests):
             tasks.append(asyncio.create_task(one(http, url, text)))
-            await asyncio.sleep(rng.expovariate(rate))
+            if rate > 0:
+                await asyncio.sleep(rng.expovariate(rate))
         return await asyncio.gather(*tasks)
 
 
 def pct(values: list[float], q: float) -> float:
     return sorted(values)[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def report(streams: list[Stream], rate: float) -> dict:
+    ok = [s for s in streams if not s.error]
+    first = [s.first_s * 1000 for s in ok]
+    return {
+        "rate": rate, "requests": len(streams), "ok": len(ok), "errors": [s.error for s in streams if s.error][:5],
+        "first_byte_ms": {"p50": round(statistics.median(first), 1) if first else None,
+                          "p95": round(pct(first, 0.95), 1), "max": round(max(first, default=float("nan")), 1)},
+        "underruns": sum(s.underruns for s in ok), "streams_underrun": sum(1 for s in ok if s.underruns),
+        "rtf_p50": round(statistics.median([s.total_s / s.audio_s for s in ok if s.audio_s]), 3) if ok else None,
+        "rtf_max": round(max([s.total_s / s.audio_s for s in ok if s.audio_s], default=float("nan")), 3),
+    }
 
 
 def main() -> None:
@@ -87,27 +101,25 @@ def main() -> None:
     ap.add_argument("--device", default=None)
     ap.add_argument("--rate", type=float, default=1.0, help="requests per second (Poisson)")
     ap.add_argument("--requests", type=int, default=20)
+    ap.add_argument("--load", action="append", default=[], metavar="RATE:REQUESTS",
+                    help="one load after another on the same server (repeatable; replaces --rate/--requests); "
+                         "a rate of 0 sends all requests at once")
     ap.add_argument("--chars", type=int, default=200, help="input length")
     ap.add_argument("--max-frames", type=int, default=50, help="reply cap in codec frames")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    loads = [(float(r), int(n)) for r, n in (x.split(":") for x in args.load)] or [(args.rate, args.requests)]
     device = args.device or ("cuda" if __import__("torch").cuda.is_available() else "cpu")
     pipeline = build_pipeline(args.model, device=device)
-    cfg = ServerConfig(max_sessions=max(64, args.requests), data_dir=Path(tempfile.mkdtemp()),
+    cfg = ServerConfig(max_sessions=max(64, *(n for _, n in loads)), data_dir=Path(tempfile.mkdtemp()),
                        limits=Limits(max_frames=args.max_frames))
+    results = []
     with pipeline, running(pipeline, cfg) as (url, _):
-        asyncio.run(load(url, args.rate, 1, args.chars, args.seed))  # warm-up
-        streams = asyncio.run(load(url, args.rate, args.requests, args.chars, args.seed))
-    ok = [s for s in streams if not s.error]
-    first = [s.first_s * 1000 for s in ok]
-    print(json.dumps({
-        "model": args.model, "device": device, "rate": args.rate, "requests": args.requests, "chars": args.chars,
-        "ok": len(ok), "errors": [s.error for s in streams if s.error][:5],
-        "first_byte_ms": {"p50": round(statistics.median(first), 1) if first else None,
-                          "p95": round(pct(first, 0.95), 1), "max": round(max(first, default=float("nan")), 1)},
-        "underruns": sum(s.underruns for s in ok), "streams_underrun": sum(1 for s in ok if s.underruns),
-        "rtf_p50": round(statistics.median([s.total_s / s.audio_s for s in ok if s.audio_s]), 3) if ok else None,
-    }))
+        asyncio.run(load(url, 1.0, 1, args.chars, args.seed))  # warm-up
+        for rate, n in loads:
+            results.append(report(asyncio.run(load(url, rate, n, args.chars, args.seed)), rate))
+    print(json.dumps({"model": args.model, "device": device, "chars": args.chars, "max_frames": args.max_frames,
+                      "loads": results}))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import asyncio
 import base64
 import json
 import math
+import pickle
 import statistics
 import sys
 import time
@@ -40,7 +41,8 @@ from realtime.pcm import float_to_pcm16, resample  # noqa: E402
 from tests.serve_process import serve  # noqa: E402
 
 APPEND_S = 0.02
-MODES = {"server_vad": {"type": "server_vad"}, "semantic_vad": {"type": "semantic_vad", "eagerness": "auto"}}
+MODES = {"server_vad": {"type": "server_vad"}, "semantic_vad": {"type": "semantic_vad", "eagerness": "auto"},
+         "server_vad_200": {"type": "server_vad", "silence_duration_ms": 200}}
 
 
 def corpus() -> list[tuple[Utterance, int]]:
@@ -130,8 +132,17 @@ def summary(turns: list[dict]) -> dict:
             "errors": sum(len(t["errors"]) for t in turns)}
 
 
-async def bench(url: str, modes: list[str], timeout_s: float, limit: int | None) -> dict:
-    turns = corpus()[:limit]
+def cached_corpus(path: Path | None) -> list[tuple[Utterance, int]]:
+    """The corpus, kept in `path` (a pickle) so that a machine without espeak-ng and sox can run it."""
+    if path is not None and path.is_file():
+        return pickle.loads(path.read_bytes())
+    turns = corpus()
+    if path is not None:
+        path.write_bytes(pickle.dumps(turns))
+    return turns
+
+
+async def bench(url: str, modes: list[str], timeout_s: float, turns: list[tuple[Utterance, int]]) -> dict:
     result: dict = {}
     for mode in modes:
         rows = []
@@ -152,13 +163,29 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="only the first N turns of the corpus")
     ap.add_argument("--timeout-s", type=float, default=60.0, help="per turn, after the audio")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--corpus", type=Path, default=None, help="a pickle of the corpus: read if it exists, else written")
+    ap.add_argument("--full-random", action="store_true",
+                    help="serve in this process the full-size model with random weights (benchmarks/bench_pipeline.py)")
     args = ap.parse_args()
-    with serve("--model", args.model, "--device", args.device, timeout=300) as served:
-        url = served.url.replace("http", "ws", 1).rstrip("/") + "/v1/realtime"
-        t = time.time()
-        res = asyncio.run(bench(url, args.modes.split(","), args.timeout_s, args.limit))
-    res["meta"] = {"model": args.model, "device": args.device, "date": time.strftime("%Y-%m-%d %H:%M UTC",
-                   time.gmtime(t)), "command": " ".join(sys.argv), "presets": "realtime/turn_presets.py"}
+    turns = cached_corpus(args.corpus)[:args.limit]
+    t = time.time()
+    if args.full_random:
+        from benchmarks.bench_pipeline import random_program
+        from pipelines.pipeline import Pipeline
+        from realtime.server import ServerConfig
+        from tests.realtime_server import running
+
+        _, program = random_program(False, args.device, None)
+        with Pipeline(program) as pipeline, running(pipeline, ServerConfig()) as (base, _):
+            url = base.replace("http", "ws", 1) + "/realtime"
+            res = asyncio.run(bench(url, args.modes.split(","), args.timeout_s, turns))
+    else:
+        with serve("--model", args.model, "--device", args.device, timeout=300) as served:
+            url = served.url.replace("http", "ws", 1).rstrip("/") + "/v1/realtime"
+            res = asyncio.run(bench(url, args.modes.split(","), args.timeout_s, turns))
+    res["meta"] = {"model": "full-size random" if args.full_random else args.model, "device": args.device,
+                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t)), "command": " ".join(sys.argv),
+                   "presets": "realtime/turn_presets.py"}
     text = json.dumps(res, indent=1)
     if args.out:
         args.out.write_text(text)
