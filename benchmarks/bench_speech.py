@@ -23,12 +23,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+import aiohttp
 
 from models.registry import build_pipeline
 from realtime.server import ServerConfig
 from realtime.session import Limits
-from tests.realtime_server import running
+from tests.loopback import running
 
 BYTES_PER_S = 24000 * 2
 START_BUFFER_S = 0.1
@@ -43,16 +43,16 @@ class Stream:
     error: str = ""
 
 
-async def one(http: httpx.AsyncClient, url: str, text: str) -> Stream:
+async def one(http: aiohttp.ClientSession, url: str, text: str) -> Stream:
     out, sent, got = Stream(), time.perf_counter(), 0
     body = {"model": "tts", "input": text, "voice": "alloy", "response_format": "pcm", "stream_format": "audio"}
     try:
-        async with http.stream("POST", url + "/audio/speech", json=body) as r:
-            if r.status_code != 200:
-                out.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+        async with http.post(url + "/audio/speech", json=body) as r:
+            if r.status != 200:
+                out.error = f"HTTP {r.status}: {(await r.read())[:200]!r}"
                 return out
             play_start = None
-            async for chunk in r.aiter_bytes():
+            async for chunk in r.content.iter_any():
                 now = time.perf_counter()
                 if play_start is None:
                     out.first_s, play_start = now - sent, now + START_BUFFER_S
@@ -60,7 +60,7 @@ async def one(http: httpx.AsyncClient, url: str, text: str) -> Stream:
                     out.underruns += 1
                     play_start = now - got / BYTES_PER_S  # playback resumes with this chunk
                 got += len(chunk)
-    except httpx.HTTPError as e:
+    except aiohttp.ClientError as e:
         out.error = repr(e)
     out.total_s, out.audio_s = time.perf_counter() - sent, got / BYTES_PER_S
     return out
@@ -69,7 +69,8 @@ async def one(http: httpx.AsyncClient, url: str, text: str) -> Stream:
 async def load(url: str, rate: float, requests: int, chars: int, seed: int) -> list[Stream]:
     rng = random.Random(seed)
     text = ("The quick brown fox jumps over the lazy dog. " * (chars // 40 + 1))[:chars]
-    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=None)) as http:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600),
+                                     connector=aiohttp.TCPConnector(limit=0)) as http:
         tasks = []
         for _ in range(requests):
             tasks.append(asyncio.create_task(one(http, url, text)))

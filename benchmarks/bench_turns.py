@@ -173,7 +173,7 @@ def main() -> None:
         from benchmarks.bench_pipeline import random_program
         from pipelines.pipeline import Pipeline
         from realtime.server import ServerConfig
-        from tests.realtime_server import running
+        from tests.loopback import running
 
         _, program = random_program(False, args.device, None)
         with Pipeline(program) as pipeline, running(pipeline, ServerConfig()) as (base, _):
