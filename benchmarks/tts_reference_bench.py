@@ -35,6 +35,8 @@ FULL_TALKER = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=2
 FULL_PREDICTOR = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=5, num_attention_heads=16,
                       num_key_value_heads=8, head_dim=128)
 
+FULL_CODEC = dict(codebook_dim=512)  # the decoder config class's defaults give the rest (8 layers, 1536 channels)
+
 
 def full_config() -> dict:
     c = tiny_config("custom_voice")
@@ -95,7 +97,7 @@ def main() -> None:
     (out / "generation_config.json").write_text(json.dumps(generation))
     for f in args.tokenizer.iterdir():
         shutil.copy(f, out / f.name)
-    codec_cfg = Qwen3TTSTokenizerV2Config(decoder_config=tiny_codec()) if args.tiny else Qwen3TTSTokenizerV2Config()
+    codec_cfg = Qwen3TTSTokenizerV2Config(decoder_config=tiny_codec() if args.tiny else FULL_CODEC)
     codec = Qwen3TTSTokenizerV2Model(codec_cfg).eval()
     random_(codec, 1)
     codec.save_pretrained(out / "speech_tokenizer")
