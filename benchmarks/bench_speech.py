@@ -96,6 +96,11 @@ def report(streams: list[Stream], rate: float) -> dict:
     }
 
 
+def stage_times(pipeline) -> dict[str, tuple[int, float]]:
+    """Each stage's steps and host seconds spent in them so far (ModelRunner's counters)."""
+    return {st.name: (st.runner.steps, st.runner.busy_s) for st in pipeline.program.stages}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny-tts")
@@ -118,7 +123,14 @@ def main() -> None:
     with pipeline, running(pipeline, cfg) as (url, _):
         asyncio.run(load(url, 1.0, 1, args.chars, args.seed))  # warm-up
         for rate, n in loads:
+            before, t0 = stage_times(pipeline), time.perf_counter()
             results.append(report(asyncio.run(load(url, rate, n, args.chars, args.seed)), rate))
+            wall, after = time.perf_counter() - t0, stage_times(pipeline)
+            results[-1]["stages"] = {name: {"steps": steps - before[name][0],
+                                            "ms_per_step": round(1e3 * (busy - before[name][1])
+                                                                 / max(1, steps - before[name][0]), 2),
+                                            "busy_share": round((busy - before[name][1]) / wall, 3)}
+                                     for name, (steps, busy) in after.items()}
     print(json.dumps({"model": args.model, "device": device, "chars": args.chars, "max_frames": args.max_frames,
                       "loads": results}))
 
