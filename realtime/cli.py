@@ -118,7 +118,8 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--instructions", default="", help="a speaking style, for models that take one (e.g. 'speak "
                      "slowly, in a warm voice')")
     gen.add_argument("--reference-audio", help="a voice to clone (audio file, as --audio), for models that clone")
-    gen.add_argument("--reference-text", default="", help="what --reference-audio says")
+    gen.add_argument("--reference-text", help="what --reference-audio says (cloning in context; without it, from the "
+                     "audio's voice alone)")
     gen.add_argument("--greedy", action="store_true", help="argmax decoding in every stage (reproducible)")
     gen.add_argument("--seed", type=int, default=0, help="sampling seed")
     gen.add_argument("--max-text-tokens", type=int, default=512, help="stop the reply text after N tokens")
@@ -169,7 +170,7 @@ def generate(args: argparse.Namespace) -> int:
         opts = GenerationOptions(
             audio=spec.speaks and not args.no_audio, voice=args.voice, greedy=args.greedy, seed=args.seed,
             max_text_tokens=args.max_text_tokens, max_frames=args.max_frames, language=args.language,
-            instructions=args.instructions, reference_audio=reference, reference_text=args.reference_text,
+            instructions=args.instructions, reference_audio=reference, reference_text=args.reference_text or "",
         )
         events = pipeline.run(Turn("cli", messages, opts))
     end = events[-1]

@@ -81,15 +81,18 @@ def check_voice(spec: ModelSpec, voice: str) -> None:
 
 
 def check_speaking(spec: ModelSpec, language: str, instructions: str, reference_audio: str | None,
-                   reference_text: str) -> None:
+                   reference_text: str | None) -> None:
     """--language, --instructions and the voice to clone, against what the model declares."""
     if language and language.lower() not in {lang.lower() for lang in spec.languages}:
         have = ", ".join(spec.languages) if spec.languages else "none: it takes no --language"
         raise UsageError(f"--language {language}: not one of this model's languages ({have})")
     if instructions and not spec.instructions:
         raise UsageError(f"--instructions: this model ({spec.name}) takes no instructions")
-    if reference_text and not reference_audio:
+    if reference_text is not None and not reference_audio:
         raise UsageError("--reference-text: give the --reference-audio it is the text of")
+    if reference_text is not None and not reference_text.strip():
+        raise UsageError("--reference-text is blank: give what --reference-audio says, or leave it out to clone "
+                         "from the audio alone")
     if reference_audio and not spec.clones:
         raise UsageError(f"--reference-audio: this model ({spec.name}) cannot clone a voice")
 

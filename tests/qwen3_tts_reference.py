@@ -3,10 +3,12 @@
 `python tests/qwen3_tts_reference.py CASES.json`: for each case, build the reference Qwen3-TTS model from
 the case's config.json dict with seeded random weights, save it with `save_pretrained` (plus its
 generation_config.json) into the case's directory, which must already hold the tokenizer files, and
-generate greedily through the reference's own entry points (generate_custom_voice / generate_voice_design).
+generate greedily through the reference's own entry points (generate_custom_voice / generate_voice_design /
+generate_voice_clone, the last from the x-vector alone or, given the case's `ref_text`, in context).
 A tiny random 12 Hz speech tokenizer, made with the reference's classes from the case's `codec` decoder
-config, is saved into `speech_tokenizer/` and decodes the codes (the reference's wrapper, recording them).
-Writes `reference.pt` in each directory: codes [F, 16], the waveform, the talker's codec-head logits
+config, is saved into `speech_tokenizer/`, encodes the reference audio and decodes the codes (the
+reference's wrapper, recording them). Writes `reference.pt` in each directory: codes [F, 16], the waveform
+the entry point returns, the talker's input embeddings over the prompt [P, H], its codec-head logits
 (prefill [P, V], then one row per step) and the code predictor's logits per frame [F, 15, V].
 """
 
@@ -26,9 +28,9 @@ from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qw
 from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Model
 from qwen_tts.inference.qwen3_tts_model import Qwen3TTSModel, VoiceClonePromptItem
 from qwen_tts.inference.qwen3_tts_tokenizer import Qwen3TTSTokenizer
-from transformers import Qwen2TokenizerFast
+from transformers import EncodecFeatureExtractor, Qwen2TokenizerFast
 
-ENCODER = {  # a tiny Mimi encoder (only saved: reading text aloud never encodes)
+ENCODER = {  # a tiny Mimi encoder (in-context cloning encodes the reference audio with it)
     "hidden_size": 32, "num_filters": 4, "codebook_size": 2048, "codebook_dim": 16, "num_quantizers": 16,
     "num_semantic_quantizers": 1, "vector_quantization_hidden_dimension": 16, "num_hidden_layers": 1,
     "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 8, "intermediate_size": 64,
@@ -42,6 +44,7 @@ class RecordingTokenizer(Qwen3TTSTokenizer):
     def __init__(self, model: Qwen3TTSTokenizerV2Model) -> None:
         super().__init__()
         self.model, self.config, self.device = model, model.config, torch.device("cpu")
+        self.feature_extractor = EncodecFeatureExtractor(feature_size=1, sampling_rate=24000)
         self.codes: list[torch.Tensor] = []
         self.wavs: list[np.ndarray] = []
 
@@ -96,6 +99,9 @@ def run(case: dict) -> None:
     model.load_generate_config(case["generation"])
     talker_logits: list[torch.Tensor] = []
     predictor_logits: list[torch.Tensor] = []
+    embeds: list[torch.Tensor] = []
+    model.talker.model.register_forward_pre_hook(lambda m, a, kw: embeds.append(kw["inputs_embeds"][0].clone()),
+                                                 with_kwargs=True)
     model.talker.codec_head.register_forward_hook(lambda m, i, o: talker_logits.append(o[0].detach().clone()))
     for head in model.talker.code_predictor.lm_head:
         head.register_forward_hook(lambda m, i, o: predictor_logits.append(o[0, -1].detach().clone()))
@@ -104,24 +110,31 @@ def run(case: dict) -> None:
     greedy = dict(do_sample=False, subtalker_dosample=False)
     extra: dict[str, torch.Tensor] = {}
     if cfg.tts_model_type == "custom_voice":
-        tts.generate_custom_voice(text=case["text"], speaker=case["speaker"], language=case["language"],
-                                  instruct=case["instruct"], **greedy)
+        wavs, _ = tts.generate_custom_voice(text=case["text"], speaker=case["speaker"], language=case["language"],
+                                            instruct=case["instruct"], **greedy)
     elif cfg.tts_model_type == "voice_design":
-        tts.generate_voice_design(text=case["text"], instruct=case["instruct"], language=case["language"], **greedy)
-    else:  # Base, x-vector cloning: the reference's own speaker embedding of a 1 s reference
+        wavs, _ = tts.generate_voice_design(text=case["text"], instruct=case["instruct"], language=case["language"],
+                                            **greedy)
+    else:  # Base: the reference's own speaker embedding (and, in context, codes) of the reference audio
         g = torch.Generator().manual_seed(case["seed"])
-        t = torch.arange(24000) / 24000.0
-        ref_wave = (0.3 * torch.sin(2 * torch.pi * 180 * t) + 0.05 * torch.randn(24000, generator=g)).float()
+        n = int(case.get("ref_seconds", 1) * 24000)
+        t = torch.arange(n) / 24000.0
+        ref_wave = (0.3 * torch.sin(2 * torch.pi * 180 * t) + 0.05 * torch.randn(n, generator=g)).float()
         extra["ref_wave"] = ref_wave
-        extra["xvector"] = model.extract_speaker_embedding(ref_wave.numpy(), 24000)
-        item = VoiceClonePromptItem(ref_code=None, ref_spk_embedding=extra["xvector"], x_vector_only_mode=True,
-                                    icl_mode=False, ref_text=None)
-        tts.generate_voice_clone(text=case["text"], language=case["language"], voice_clone_prompt=[item], **greedy)
-    codes = recorder.codes[0]
+        if case.get("ref_text"):
+            [item] = tts.create_voice_clone_prompt(ref_audio=(ref_wave.numpy(), 24000), ref_text=case["ref_text"])
+            extra["ref_code"] = item.ref_code
+        else:
+            item = VoiceClonePromptItem(ref_code=None, x_vector_only_mode=True, icl_mode=False, ref_text=None,
+                                        ref_spk_embedding=model.extract_speaker_embedding(ref_wave.numpy(), 24000))
+        extra["xvector"] = item.ref_spk_embedding
+        wavs, _ = tts.generate_voice_clone(text=case["text"], language=case["language"], voice_clone_prompt=[item],
+                                           **greedy)
+    codes = recorder.codes[0][len(extra.get("ref_code", ())):]  # in context it decodes the reference's codes first
     groups = cfg.talker_config.num_code_groups - 1
     steps = len(predictor_logits) // groups
-    torch.save({"codes": codes, "wave": torch.from_numpy(recorder.wavs[0]), "talker_prefill": talker_logits[0],
-                "talker_steps": torch.cat(talker_logits[1:]),
+    torch.save({"codes": codes, "wave": torch.from_numpy(wavs[0]), "prompt": embeds[0],
+                "talker_prefill": talker_logits[0], "talker_steps": torch.cat(talker_logits[1:]),
                 "predictor": torch.stack(predictor_logits).view(steps, groups, -1), **extra}, out / "reference.pt")
 
 

@@ -62,4 +62,7 @@ def test_speaking_flags_are_checked_before_loading(tmp_path):
     ref.write_bytes(b"")
     one_line_error(generate("--model", "tiny-tts", "--text", "hi", "--reference-audio", str(ref)),
                    "--reference-audio", "cannot clone")
+    for blank in ("", " \t "):
+        one_line_error(generate("--model", "tiny-tts", "--text", "hi", "--reference-audio", str(ref),
+                                "--reference-text", blank), "--reference-text is blank")
     one_line_error(generate("--model", "tiny", "--text", "hi", "--language", "english"), "--language", "none")

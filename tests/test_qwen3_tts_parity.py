@@ -3,11 +3,13 @@
 The reference runs in its own environment (.venv-qwen-tts, built by `make qwen-tts-env`): it makes each
 checkpoint with its own classes and `save_pretrained`, and generates greedily through its own entry points
 (tests/qwen3_tts_reference.py), its speech tokenizer (a tiny random one in `speech_tokenizer/`) decoding the
-codes. We read the checkpoint with our loader and compare, in float32: the talker's logits over the prompt
-and every decode step, the code predictor's logits and codes, and end to end the greedy codes and waveform
-of our streaming pipeline and of `omni-realtime generate --greedy` (CustomVoice with a speaker, a language
-and an instruction; a dialect speaker; VoiceDesign; Base cloning a voice from its x-vector, the speaker
-encoder's x-vector compared too).
+codes. We read the checkpoint with our loader and compare, in float32: the talker's input embeddings over
+the prompt, its logits over the prompt and every decode step, the code predictor's logits and codes, and end
+to end the greedy codes and waveform of our streaming pipeline and of `omni-realtime generate --greedy`
+(CustomVoice with a speaker, a language and an instruction; a dialect speaker; VoiceDesign; Base cloning a
+voice from its x-vector, the speaker encoder's x-vector compared too; Base cloning in context, from the
+reference audio and its transcript, the reference audio's codes compared too: with the transcript longer
+than the reference's frames, its rest streamed, and shorter, padded).
 """
 
 from __future__ import annotations
@@ -19,14 +21,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile
 import torch
 
 from models import registry
 from models.common.tokenizer import Tokenizer
 from models.qwen3_tts.model import load_talker
 from models.qwen3_tts.prompt import TextIds, build_prompt
+from models.qwen3_tts.speech_tokenizer import SpeechTokenizer
 from models.qwen3_tts.tiny import tiny_codec, tiny_config, tiny_generation
-from pipelines.types import AudioChunk, GenerationOptions, Message, Turn, TurnDone
+from pipelines.types import AudioChunk, GenerationOptions, Message, Turn, TurnDone, TurnError
 from realtime.wav import read_wav
 from tests.reference_paths import save_tokenizer
 
@@ -46,6 +50,10 @@ CASES = {
                          language="Auto", instruct="A deep, calm male voice, speaking slowly."),
     "base_clone": dict(kind="base", text="Please call me back when you are free.", speaker="", language="English",
                        instruct=""),
+    "base_in_context": dict(kind="base", text="Please call me back when you are free.", speaker="",
+                            language="English", instruct="", ref_text="I left the keys on the kitchen table."),
+    "base_in_context_short": dict(kind="base", text="Yes.", speaker="", language="Auto", instruct="",
+                                  ref_text="Hi there.", ref_seconds=2),
 }
 
 
@@ -78,9 +86,26 @@ def ours(d: Path, case: dict, ref: dict):
         torch.testing.assert_close(speaker, ref["xvector"], atol=2e-5, rtol=1e-4)
     elif case["speaker"]:
         speaker = model.talker.embed_codec(torch.tensor(cfg.talker.speaker_id(case["speaker"])))
-    ids = TextIds.of(Tokenizer.load(d), case["text"], case["instruct"] if cfg.takes_instructions else "")
+    reference = None
+    if "ref_code" in ref:
+        reference = SpeechTokenizer.load(d / "speech_tokenizer").encode(ref["ref_wave"], 24000)
+        assert torch.equal(reference, ref["ref_code"])
+    ids = TextIds.of(Tokenizer.load(d), case["text"], case["instruct"] if cfg.takes_instructions else "",
+                     case.get("ref_text", ""))
     language = cfg.talker.language_id(case["language"], case["speaker"])
-    return model, build_prompt(model.talker, cfg, ids, language, speaker, streamed=cfg.model_type == "base")
+    prompt = build_prompt(model.talker, cfg, ids, language, speaker, cfg.model_type == "base", reference)
+    torch.testing.assert_close(prompt.embeds, ref["prompt"], atol=1e-6, rtol=1e-5)
+    return model, prompt
+
+
+def reply_wave(ref: dict, frames: int) -> np.ndarray:
+    """The reference's waveform, checked to be the reply's `frames` frames. In context it decodes the reference
+    audio's R frames and the reply's F, then cuts int(R / (R + F) * samples): float rounding can leave the last
+    sample of the reference audio in front, which our stream (from the reply's first frame) does not have."""
+    wave = ref["wave"].numpy()
+    r = len(ref.get("ref_code", ()))
+    assert len(wave) == (r + frames) * 1920 - int(r / (r + frames) * (r + frames) * 1920)
+    return wave[len(wave) - frames * 1920:]
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -114,28 +139,45 @@ def test_greedy_pipeline_equals_the_reference(reference, name):
     d, case = reference[name], CASES[name]
     ref = torch.load(d / "reference.pt")
     opts = GenerationOptions(greedy=True, voice=case["speaker"], language=case["language"],
-                             instructions=case["instruct"], reference_audio=ref.get("ref_wave"))
+                             instructions=case["instruct"], reference_audio=ref.get("ref_wave"),
+                             reference_text=case.get("ref_text", ""))
     with registry.build_pipeline(str(d)) as pipeline:
         events = pipeline.run(Turn("p", [Message("user", case["text"])], opts), timeout_s=300)
     done = events[-1]
     assert isinstance(done, TurnDone), done
     assert [list(c) for c in done.codes] == ref["codes"].tolist()
     pcm = np.concatenate([e.pcm for e in events if isinstance(e, AudioChunk)])
-    assert pcm.shape == tuple(ref["wave"].shape) == (len(done.codes) * 1920,)
-    np.testing.assert_allclose(pcm, ref["wave"].numpy(), atol=WAVE_ATOL)
+    assert pcm.shape == (len(done.codes) * 1920,)
+    np.testing.assert_allclose(pcm, reply_wave(ref, len(done.codes)), atol=WAVE_ATOL)
 
 
-def test_generate_cli_greedy_equals_the_reference(reference, tmp_path):
-    d, case = reference["custom_voice"], CASES["custom_voice"]
+@pytest.mark.parametrize("name", ["custom_voice", "base_in_context"])
+def test_generate_cli_greedy_equals_the_reference(reference, tmp_path, name):
+    d, case = reference[name], CASES[name]
     ref = torch.load(d / "reference.pt")
     out = tmp_path / "speech.wav"
+    clone = []
+    if "ref_wave" in ref:  # float WAV: the reference audio exactly
+        soundfile.write(str(tmp_path / "ref.wav"), ref["ref_wave"].numpy(), 24000, subtype="FLOAT")
+        clone = ["--reference-audio", str(tmp_path / "ref.wav"), "--reference-text", case["ref_text"]]
     run = subprocess.run([sys.executable, "-m", "realtime.cli", "generate", "--model", str(d), "--text", case["text"],
                           "--voice", case["speaker"], "--language", case["language"], "--instructions",
-                          case["instruct"], "--greedy", "--device", "cpu", "--out", str(out), "--json"],
+                          case["instruct"], *clone, "--greedy", "--device", "cpu", "--out", str(out), "--json"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["codes"] == ref["codes"].tolist() and result["text"] == case["text"]
     wave, rate = read_wav(str(out))
-    assert rate == 24000 and wave.shape == tuple(ref["wave"].shape)
-    np.testing.assert_allclose(wave, ref["wave"].numpy(), atol=WAVE_ATOL + 1 / 32768)  # 16-bit PCM
+    assert rate == 24000 and wave.shape == (len(result["codes"]) * 1920,)
+    np.testing.assert_allclose(wave, reply_wave(ref, len(result["codes"])), atol=WAVE_ATOL + 1 / 32768)  # 16-bit
+
+
+def test_bad_clone_requests_get_a_clear_error(reference):
+    ref = torch.load(reference["base_in_context"] / "reference.pt")
+    bad = {"blank": dict(reference_audio=ref["ref_wave"], reference_text=" \n\t"),
+           "the reference audio too": dict(reference_text="I left the keys on the kitchen table.")}
+    with registry.build_pipeline(str(reference["base_in_context"])) as pipeline:
+        for i, (words, kwargs) in enumerate(bad.items()):
+            [event] = pipeline.run(Turn(f"bad{i}", [Message("user", "Hello.")], GenerationOptions(**kwargs)))
+            assert isinstance(event, TurnError) and event.code == "invalid_request", event
+            assert "reference_text" in event.message and words in event.message, event.message

@@ -35,9 +35,12 @@ class SpeakingTurn(Turn, Protocol):
 
 
 class Code2WavWork(Work):
-    def __init__(self, turn: SpeakingTurn) -> None:
+    def __init__(self, turn: SpeakingTurn, prefix: torch.Tensor | None = None) -> None:
         super().__init__(turn, f"code2wav:{turn.turn_id}")
         self.turn: SpeakingTurn = turn
+        # [R, Q] codes decoded ahead of the turn's, their audio not played (a cloned voice's reference audio);
+        # exact for a decoder of holdback 0 (Qwen3-TTS's): the first sample played is the turn's first frame's
+        self.prefix = prefix
         self.slot: int | None = None  # the stream's state in the decoder, from its first frame
         self.pushed = 0  # frames decoded so far
         self.close_slot: Callable[[int], None] = lambda slot: None
@@ -81,9 +84,11 @@ class Code2WavStep:
                     w.fail("server_busy", f"all {self.streams.scratch} Code2Wav streams are in use")
                     continue
                 w.slot, w.close_slot = self.streams.open(), self.streams.close
+                if w.prefix is not None:
+                    self.streams.push(w.slot, w.prefix.T[None].to(self.device))
         works = [w for w in works if not w.turn.finished]
-        first = [w for w in works if w.turn.frames_out and w.pushed == 0]
-        later = [w for w in works if w.turn.frames_out and w.pushed > 0]
+        first = [w for w in works if w.turn.frames_out and w.pushed == 0 and w.prefix is None]
+        later = [w for w in works if w.turn.frames_out and (w.pushed > 0 or w.prefix is not None)]
         for group, runner in ((first, self.first), (later, self.later)):
             if group:
                 self._decode(group, runner)

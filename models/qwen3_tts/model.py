@@ -17,6 +17,7 @@ from models.common.weights import load_weights
 from .codec import CodecDecoderConfig, SpeechTokenizerConfig, build_decoder, load_decoder
 from .config import TtsConfig
 from .speaker_encoder import SpeakerEncoder
+from .speech_tokenizer import SpeechTokenizer, load_encoder
 from .talker import Talker
 from .tiny import PRESETS, random_weights_, tiny_codec
 
@@ -31,6 +32,7 @@ class Qwen3Tts(nn.Module):
         self.talker = Talker(cfg.talker)
         self.speaker_encoder = SpeakerEncoder(cfg.speaker_encoder) if cfg.speaker_encoder is not None else None
         self.code2wav = code2wav
+        self.speech_tokenizer: SpeechTokenizer | None = None  # Base from a checkpoint: encodes reference audio
 
 
 def load_model(model: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
@@ -44,7 +46,10 @@ def load_model(model: str | Path, device: torch.device | str = "cpu", dtype: tor
     else:
         net = load_talker(model, device, dtype)
         speech = Path(model) / SPEECH_TOKENIZER
-        net.code2wav = load_decoder(SpeechTokenizerConfig.load(speech).decoder, speech, device, dtype)
+        codec = SpeechTokenizerConfig.load(speech)
+        net.code2wav = load_decoder(codec.decoder, speech, device, dtype)
+        if net.cfg.model_type == "base":
+            net.speech_tokenizer = SpeechTokenizer(codec, net.code2wav, load_encoder(codec, speech, device))
     n = sum(p.numel() for p in net.parameters())
     log.info("loaded %s: %.1f M parameters, %s %s, %.1f s", model, n / 1e6, device, dtype, time.perf_counter() - start)
     return net.eval().requires_grad_(False)

@@ -93,25 +93,31 @@ class Qwen3TtsProgram(StagedProgram):
     def prepare(self, session: Session, turn: Turn, emit: Emit) -> tuple[TurnState, list]:
         opts = TurnSettings.resolve(turn.options, self.spec, self.model.cfg, self.gen)
         text = self._text(turn)
-        ids = TextIds.of(self.tokenizer, text, opts.instructions)  # resolve() refused one this model cannot take
+        ref_text = turn.options.reference_text  # resolve() refused what this model cannot take
+        if len(ref_text) > MAX_TEXT_CHARS:
+            raise ContextTooLong(f"the reference text is over {MAX_TEXT_CHARS} characters")
+        ids = TextIds.of(self.tokenizer, text, opts.instructions, ref_text)
         cfg = self.model.cfg
-        speaker = None
+        speaker = reference = None
         if turn.options.reference_audio is not None:  # Base: the reference's x-vector (spec.py checked it)
             wave = turn.options.reference_audio
             if wave.numel() < 2 * 1024 or not bool(torch.isfinite(wave).all()):
                 raise ValueError("reference audio must be finite and longer than 0.1 s")
             speaker = self.model.speaker_encoder.embed(wave.clamp(-1, 1))
+            if ref_text:  # in context: the reference audio's codes lead the prompt and the decoder
+                reference = self.model.speech_tokenizer.encode(wave.clamp(-1, 1), self.spec.output_rate)
         elif opts.speaker:
             speaker_id = torch.tensor(cfg.talker.speaker_id(opts.speaker), device=self.device)
             speaker = self.model.talker.embed_codec(speaker_id)
         prompt = build_prompt(self.model.talker, cfg, ids, cfg.talker.language_id(opts.language, opts.speaker),
-                              speaker, streamed=cfg.model_type == "base")
+                              speaker, streamed=cfg.model_type == "base", reference=reference)
         if (total := prompt.embeds.shape[0] + opts.max_frames) > self.max_context:
             raise ContextTooLong(f"{total} talker positions do not fit the {self.max_context}-token cache")
         state = TurnState(turn.turn_id, session, opts, emit, prompt, text, tuple(ids.text),
-                          len(ids.ids) + len(ids.instruction), self.spec.output_rate)
+                          len(ids.ids) + len(ids.instruction) + len(ids.reference), self.spec.output_rate)
         s = self.by_name
-        return state, [(s["talker"], TalkerWork(state, s["talker"].kv)), (s["code2wav"], Code2WavWork(state))]
+        return state, [(s["talker"], TalkerWork(state, s["talker"].kv)),
+                       (s["code2wav"], Code2WavWork(state, reference))]
 
     @staticmethod
     def _text(turn: Turn) -> str:

@@ -2,7 +2,8 @@
 the reference's (qwen-tts 0.1.1), each overridden by generation_config.json (`subtalker_*`: the code
 predictor's). The text reaches the talker whole for CustomVoice and VoiceDesign, streamed for Base, as the
 reference's generate_* default. Greedy is argmax in both stages, the talker's repetition penalty kept.
-Base clones the voice of 24 kHz mono reference audio from its x-vector; in-context cloning is not served.
+Base clones the voice of 24 kHz mono reference audio: from its x-vector alone, or with its transcript in
+context too (the reference audio's codes in the prompt, and ahead of the reply's codes in the decoder).
 """
 
 from __future__ import annotations
@@ -90,11 +91,13 @@ class TurnSettings:
             raise ValueError("this model only speaks: ask for audio output")
         if not spec.clones and (opts.reference_audio is not None or opts.reference_text):
             raise ValueError("this model cannot clone a voice from reference audio")
+        if opts.reference_text and opts.reference_audio is None:
+            raise ValueError("reference_text is the transcript of reference audio: give the reference audio too")
         if spec.clones and opts.reference_audio is None:
             raise ValueError("this model speaks in a cloned voice: give reference audio (24 kHz)")
-        if opts.reference_text:
-            raise ValueError("in-context cloning (reference audio with its text) is not served yet; give the "
-                             "reference audio alone (x-vector cloning)")
+        if opts.reference_text and not opts.reference_text.strip():
+            raise ValueError("reference_text is blank: give what the reference audio says, or no reference_text "
+                             "to clone from the audio alone")
         voice = spec.voice(opts.voice)
         speaker = voice if cfg.talker.speakers else ""
         language = (opts.language or "auto").lower()

@@ -35,7 +35,8 @@ def load_encoder(cfg: SpeechTokenizerConfig, directory: str | Path, device: torc
     """MimiModel without its decoder half, in float32."""
     from transformers import MimiConfig, MimiModel
 
-    model = MimiModel(MimiConfig(**cfg.encoder))
+    # as the reference's transformers (4.57) runs it: its attention plain causal, the sliding window unused
+    model = MimiModel(MimiConfig(**{**cfg.encoder, "sliding_window": 2**31 - 1}))
     model.decoder = None
     state: dict[str, torch.Tensor] = {}
     for path in sorted(Path(directory).glob("*.safetensors")):
