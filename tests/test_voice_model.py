@@ -130,6 +130,11 @@ def test_the_speaker_chooses_the_voice(voiced) -> None:
              for v in ("vivian", "ryan")}
     assert codes["vivian"].text_ids == codes["ryan"].text_ids and len(codes["vivian"].codes) == 6
     assert codes["vivian"].codes != codes["ryan"].codes
+    for session in codes:
+        pipeline.end_session(f"speaker-{session}")
+    stats = pipeline.stats()  # the voice's stream slots and talker cache are given back
+    assert stats["stream_slots"] == {"talker": 0, "code2wav": 0} and stats["turns_active"] == 0
+    assert stats["kv_blocks"]["talker"] == 0
 
 
 def test_the_voice_equals_the_tts_model_reading_the_final_text_streamed(base_voice) -> None:
