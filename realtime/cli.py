@@ -50,7 +50,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", help="checkpoint directory, or a built-in tiny test model's preset "
                    "name ('tiny')")
     p.add_argument("--voice-model", default="", help="speak the replies in this model's voices (a checkpoint "
-                   "directory, or a preset such as 'tiny-tts') (default: none, the model's own)")
+                   "directory, or a preset that can be a voice) (default: none, the model's own)")
     p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="weights and activations (default: bfloat16 on cuda, float32 on cpu)")

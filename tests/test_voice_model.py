@@ -123,6 +123,18 @@ def test_a_realtime_turn_in_a_named_speaker_and_custom_voices_refused(voiced) ->
     assert 0 < frames <= LIMITS.max_frames and len(audio) == frames * 1920 * 2  # 24 kHz PCM16 on the wire
 
 
+def test_the_voice_reads_only_a_vocabulary_it_shares(voiced) -> None:
+    from models.common.tokenizer import Tokenizer
+
+    voice = voiced[2].program.voice
+    vocab = Tokenizer.builtin().backend.get_vocab(with_added_tokens=True)
+    voice.reads(vocab)  # the thinker's own: the same Qwen vocabulary
+    for changed, words in (({"hello": vocab["hello"] + 1}, "the tokenizers differ: 'hello'"),
+                           ({"<|im_end|>": 7}, "the reply ends at token 7")):
+        with pytest.raises(ValueError, match=words):
+            voice.reads({**vocab, **changed})
+
+
 def test_the_speaker_chooses_the_voice(voiced) -> None:
     _, _, pipeline = voiced
     opts = dict(greedy=True, max_text_tokens=6, max_frames=6)

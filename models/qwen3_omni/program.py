@@ -41,10 +41,12 @@ class Qwen3OmniProgram(StagedProgram):
     def __init__(self, model: Qwen3Omni, tokenizer: Tokenizer, cfg: PipelineConfig, voice: Voice | None = None) -> None:
         """`voice`: another model's talker and codec speak the replies, in place of this model's own."""
         self.model, self.tokenizer, self.cfg, self.voice = model, tokenizer, cfg, voice
+        self.device, self.dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
         if voice is not None:
             voice.reads(tokenizer.backend.get_vocab(with_added_tokens=True))
             model.talker = model.code2wav = None
-        self.device, self.dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # their memory counts as free when the KV caches are sized
         caches = {name: PagedKVCache(layout) for name, layout in kv_layouts(model, cfg).items()}
         sc = cfg.stage
         with torch.inference_mode():
