@@ -32,6 +32,7 @@ from realtime.session import Limits
 from tests.audio_files import encode_file, tone
 from tests.realtime_server import client as async_client
 from tests.realtime_server import next_event, running, until
+from tests.serve_process import serve
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITS = Limits(max_text_tokens=8, max_frames=12)
@@ -215,7 +216,10 @@ def test_a_custom_voice_in_realtime_with_a_base_voice_model(base_voice, tmp_path
     assert done["audio"]["output"]["voice"] == voice_id and len(audio) > 0
 
 
-def test_cli_voice_model_errors_are_one_line() -> None:
+def test_serve_with_a_voice_model_and_its_errors_in_one_line() -> None:
+    with serve("--model", "tiny", "--voice-model", "tiny-tts") as served:
+        client = OpenAI(base_url=served.url.rstrip("/") + "/v1", api_key="none", max_retries=0, timeout=60)
+        assert client.get("/models", cast_to=object)["data"][0]["capabilities"]["voices"][0] == "vivian"
     for voice, words in (("/no/such/dir", ("--voice-model /no/such/dir", "no such directory")),
                          ("tiny", ("--voice-model tiny", "cannot be another model's voice"))):
         r = subprocess.run([sys.executable, "-m", "realtime.cli", "serve", "--port", "0", "--model", "tiny",
