@@ -21,7 +21,7 @@ from pipelines.voice import spoken_by
 class Entry:
     model_type: str  # config.json's model_type
     presets: tuple[str, ...]  # tiny random-weight presets, served without files
-    builder: str  # "module:function" building the Pipeline (imported only when used)
+    builder: str  # "module:function" building the Pipeline (imported only when used; takes `voice` if text_out)
     describer: str  # "module:function" giving the ModelSpec from the config alone, before any weights load
     voice: str = ""  # "module:function" building its Voice for another model's replies; "" if it is none
 
