@@ -30,6 +30,7 @@ from pipelines.types import AudioChunk, Event, GenerationOptions, Message, TextD
 from realtime.server import ServerConfig
 from realtime.session import Limits
 from tests.audio_files import encode_file, tone
+from tests.contract import live, options, outcome, together, user
 from tests.realtime_server import client as async_client
 from tests.realtime_server import next_event, running, until
 from tests.serve_process import serve
@@ -148,6 +149,30 @@ def test_the_speaker_chooses_the_voice(voiced) -> None:
     stats = pipeline.stats()  # the voice's stream slots and talker cache are given back
     assert stats["stream_slots"] == {"talker": 0, "code2wav": 0} and stats["turns_active"] == 0
     assert stats["kv_blocks"]["talker"] == 0
+
+
+def test_batched_turns_equal_each_alone_and_free_everything(voiced) -> None:
+    """As the model contract asks of every preset (tests/test_contract.py), for Omni with a TTS voice: audio-in turns
+    of different lengths, greedy, alone and all at once."""
+    pipeline = voiced[2]
+    spec, before = pipeline.spec, live(pipeline)
+    texts = ("Hello!", "What is the weather like in Paris today?", "Tell me a story about a fox and a crow.")
+
+    def turns() -> list[Turn]:
+        return [Turn(f"b{i}", [user(spec, text, 0.5 + 0.4 * i, seed=i)], options(spec, max_text_tokens=6,
+                                                                                  max_frames=8))
+                for i, text in enumerate(texts)]
+
+    alone = [outcome(pipeline.run(t, timeout_s=120)) for t in turns()]
+    for t in turns():
+        pipeline.end_session(t.session_id)
+    batched = [outcome(events) for events in together(pipeline, turns())]
+    for t in turns():
+        pipeline.end_session(t.session_id)
+    for a, b in zip(alone, batched, strict=True):
+        assert a.same_tokens(b) and len(a.codes) == 8
+        np.testing.assert_allclose(a.pcm, b.pcm, atol=5e-3)  # the codec's batched convolutions round differently
+    assert live(pipeline) == before and not any(pipeline.kv_check().values())
 
 
 def test_the_voice_equals_the_tts_model_reading_the_final_text_streamed(base_voice) -> None:
