@@ -14,6 +14,10 @@ over --spread-s), then commits and asks for a response. Reply lengths are capped
 
   python benchmarks/bench_load.py                                       # full size on CUDA, 1,8,32,64
   python benchmarks/bench_load.py --tiny --device cpu --sessions 4      # smoke test
+
+--voice-model speaks the replies with a Qwen3-TTS voice instead of Qwen3-Omni's talker (its default speaker):
+with no value, Qwen3-TTS 1.7B CustomVoice at full size with seeded random weights (tiny-tts with --tiny); or a
+checkpoint directory.
 """
 
 from __future__ import annotations
@@ -207,6 +211,43 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
     return lines
 
 
+def random_voice(device: str, dtype: str | None) -> object:
+    """Qwen3-TTS 12Hz-1.7B-CustomVoice's sizes (the speech tokenizer's decoder: the reference config class's
+    defaults) with seeded random weights made on `device`, as the voice of the replies."""
+    from models.common.tokenizer import Tokenizer
+    from models.qwen3_omni.tiny import random_weights_
+    from models.qwen3_tts.codec import DECODER_DEFAULTS, CodecDecoderConfig, build_decoder
+    from models.qwen3_tts.config import TtsConfig
+    from models.qwen3_tts.model import Qwen3Tts
+    from models.qwen3_tts.program import TtsPipelineConfig
+    from models.qwen3_tts.spec import DEFAULTS, Generation
+    from models.qwen3_tts.tiny import tiny_config
+    from models.qwen3_tts.voice import TtsVoice
+
+    dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    cfg = tiny_config("custom_voice")
+    sizes = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128, text_hidden_size=2048,
+                 rope_scaling={"interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"})
+    cfg["talker_config"].update(sizes)
+    cfg["talker_config"]["code_predictor_config"].update(hidden_size=1024, intermediate_size=3072,
+                                                         num_hidden_layers=5, num_attention_heads=16,
+                                                         num_key_value_heads=8, head_dim=128)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, dtype))
+    try:
+        with torch.device("meta"):
+            net = Qwen3Tts(TtsConfig.from_hf(cfg), build_decoder(CodecDecoderConfig.from_hf(
+                {**DECODER_DEFAULTS, "codebook_dim": 512})))
+    finally:
+        torch.set_default_dtype(default)
+    net = net.to_empty(device=device)
+    random_weights_(net)
+    net.eval().requires_grad_(False)
+    pcfg = TtsPipelineConfig.on("random-weights", device, dtype, talker={"kv_blocks": 1024})
+    return TtsVoice(net, Tokenizer.builtin(), Generation.read(DEFAULTS), pcfg)
+
+
 def table(lines: list[dict]) -> str:
     cols = ["sessions", "errors", "ttfa_ms_p50", "ttfa_ms_p95", "ttfa_ms_p99", "rtf_median", "rtf_max",
             "underrun_sessions", "underrun_ms"]
@@ -228,6 +269,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--spread-s", type=float, default=1.0, help="session starts are spread evenly over this")
     ap.add_argument("--timeout-s", type=float, default=600.0, help="a session taking longer is an error")
     ap.add_argument("--out", help="append the JSON lines to this file")
+    ap.add_argument("--voice-model", nargs="?", const="random", default="",
+                    help="a Qwen3-TTS voice speaks (no value: random weights, 1.7B or tiny; or a checkpoint directory)")
     args = ap.parse_args(argv)
     try:
         levels = [int(x) for x in args.sessions.split(",")]
@@ -238,7 +281,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.audio_seconds < 0.2 or args.spread_s < 0 or args.text_tokens < 1 or args.frames < 1:
         ap.error("need --audio-seconds >= 0.2 (the server's minimum commit is 100 ms), --spread-s >= 0, "
                  "--text-tokens >= 1, --frames >= 1")
-    header, program = random_program(args.tiny, args.device, args.dtype)
+    voice, tiny = None, False
+    if args.voice_model:
+        from models.qwen3_tts.voice import build_voice
+
+        tiny = args.tiny and args.voice_model == "random"
+        voice = random_voice(args.device, args.dtype) if args.voice_model == "random" and not args.tiny \
+            else build_voice("tiny-tts" if tiny else args.voice_model, args.device, args.dtype)
+    header, program = random_program(args.tiny, args.device, args.dtype, voice)
+    header["voice_model"] = "tiny-tts" if args.voice_model and tiny else args.voice_model or "qwen3-omni talker"
     with Pipeline(program) as pipeline:
         lines = asyncio.run(run_levels(pipeline, args, levels, header))
     print(table(lines), file=sys.stderr)

@@ -117,9 +117,10 @@ async def gateway_turns(pipeline: Pipeline, reps: int, audio: torch.Tensor, syst
     return out[1:]
 
 
-def random_program(tiny: bool, device: str, dtype: str | None) -> tuple[dict, Qwen3OmniProgram]:
+def random_program(tiny: bool, device: str, dtype: str | None, voice: object = None) -> tuple[dict, Qwen3OmniProgram]:
     """The benchmarks' model: full size (or tiny) with seeded random weights, and its program (CUDA
-    graphs and KV sizing as `PipelineConfig.on` sets them). Returns (result header, program)."""
+    graphs and KV sizing as `PipelineConfig.on` sets them; `voice`: another model's, pipelines/voice.py).
+    Returns (result header, program)."""
     dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     torch.manual_seed(0)
     cfg = OmniConfig.from_hf(tiny_config("a") if tiny else json.loads(FULL_CONFIG.read_text()))
@@ -129,7 +130,8 @@ def random_program(tiny: bool, device: str, dtype: str | None) -> tuple[dict, Qw
     model = random_model(cfg, device, getattr(torch, dtype))
     header["build_s"] = round(time.perf_counter() - t0, 1)
     header["params_B"] = round(sum(p.numel() for p in model.parameters()) / 1e9, 2)
-    return header, Qwen3OmniProgram(model, Tokenizer.builtin(), PipelineConfig.on("random-weights", device, dtype))
+    cfg = PipelineConfig.on("random-weights", device, dtype)
+    return header, Qwen3OmniProgram(model, Tokenizer.builtin(), cfg, voice)
 
 
 def stage_times(program: Qwen3OmniProgram) -> dict:

@@ -1,7 +1,8 @@
 """Which model folder serves a checkpoint: by config.json's `model_type`, or by a tiny preset's name.
 
 Adding a model is one entry in MODELS: its model_type, its tiny presets, and the function that builds
-its Pipeline. Nothing else outside the model's folder names it.
+its Pipeline. Nothing else outside the model's folder names it. A model that writes text replies can speak
+them with another model's voice (pipelines/voice.py): `build_pipeline(model, voice_model=...)`.
 """
 
 from __future__ import annotations
@@ -13,20 +14,23 @@ from pathlib import Path
 
 from pipelines.pipeline import Pipeline
 from pipelines.spec import ModelSpec
+from pipelines.voice import spoken_by
 
 
 @dataclass(frozen=True)
 class Entry:
     model_type: str  # config.json's model_type
     presets: tuple[str, ...]  # tiny random-weight presets, served without files
-    builder: str  # "module:function" building the Pipeline (imported only when used)
+    builder: str  # "module:function" building the Pipeline (imported only when used; takes `voice` if text_out)
     describer: str  # "module:function" giving the ModelSpec from the config alone, before any weights load
+    voice: str = ""  # "module:function" building its Voice for another model's replies; "" if it is none
 
 
 MODELS = (
     Entry("qwen3_omni_moe", ("tiny", "tiny-thinker"), "models.qwen3_omni.program:build",
           "models.qwen3_omni.spec:describe"),
-    Entry("qwen3_tts", ("tiny-tts",), "models.qwen3_tts.program:build", "models.qwen3_tts.spec:describe"),
+    Entry("qwen3_tts", ("tiny-tts",), "models.qwen3_tts.program:build", "models.qwen3_tts.spec:describe",
+          "models.qwen3_tts.voice:build_voice"),
 )
 
 
@@ -62,14 +66,27 @@ def _load(target: str):
     return getattr(importlib.import_module(module), name)
 
 
-def describe(model: str) -> ModelSpec:
-    """What `model` declares (rates, voices, abilities), read from its config without loading weights;
-    ValueError (or OSError) for a config that cannot be read."""
-    return _load(entry(model).describer)(model)
+def describe(model: str, voice_model: str = "") -> ModelSpec:
+    """What `model` (speaking with `voice_model`'s voice, if given) declares (rates, voices, abilities), read
+    from the configs without loading weights; ValueError (or OSError) for a config that cannot be read or a
+    pair that cannot be composed."""
+    spec = _load(entry(model).describer)(model)
+    if not voice_model:
+        return spec
+    if not entry(voice_model).voice:
+        raise ValueError("this model cannot be another model's voice")
+    if not spec.text_out:
+        raise ValueError(f"the model {model} writes no text replies for a voice to read")
+    return spoken_by(spec, _load(entry(voice_model).describer)(voice_model))
 
 
 def build_pipeline(model: str, device: str = "cpu", dtype: str | None = None, graphs: bool | None = None,
-                   kv_memory_gib: float | None = None, **stage_overrides: dict) -> Pipeline:
+                   kv_memory_gib: float | None = None, voice_model: str = "", **stage_overrides: dict) -> Pipeline:
     """Load `model` and return its (not yet started) Pipeline. `graphs` None: CUDA graphs on CUDA;
-    `kv_memory_gib` None: on CUDA, KV caches from the memory left after the weights."""
-    return _load(entry(model).builder)(model, device, dtype, graphs, kv_memory_gib, **stage_overrides)
+    `kv_memory_gib` None: on CUDA, KV caches from the memory left after the weights. `voice_model`: a model
+    whose voice speaks `model`'s replies (loaded first, so `model`'s caches take the memory left)."""
+    voice = {}
+    if voice_model:
+        describe(model, voice_model)
+        voice["voice"] = _load(entry(voice_model).voice)(voice_model, device, dtype, graphs)
+    return _load(entry(model).builder)(model, device, dtype, graphs, kv_memory_gib, **voice, **stage_overrides)

@@ -49,6 +49,8 @@ def package_version() -> str:
 def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", help="checkpoint directory, or a built-in tiny test model's preset "
                    "name ('tiny')")
+    p.add_argument("--voice-model", default="", help="speak the replies in this model's voices (a checkpoint "
+                   "directory, or a preset that can be a voice) (default: none, the model's own)")
     p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="weights and activations (default: bfloat16 on cuda, float32 on cpu)")
@@ -136,7 +138,8 @@ def build(args: argparse.Namespace):
     from models.registry import build_pipeline
 
     return build_pipeline(args.model, args.device or default_device(), args.dtype,
-                          graphs=False if args.no_cuda_graphs else None, kv_memory_gib=args.kv_cache_gib)
+                          graphs=False if args.no_cuda_graphs else None, kv_memory_gib=args.kv_cache_gib,
+                          voice_model=args.voice_model)
 
 
 def generate(args: argparse.Namespace) -> int:
@@ -166,7 +169,7 @@ def generate(args: argparse.Namespace) -> int:
         audio = None if samples is None else resample(samples, rate, spec.input_rate)
         messages.append(Message("user", args.text, audio))
         if reference is not None:
-            reference = resample(reference, ref_rate, spec.input_rate or spec.output_rate)
+            reference = resample(reference, ref_rate, spec.output_rate)
         opts = GenerationOptions(
             audio=spec.speaks and not args.no_audio, voice=args.voice, greedy=args.greedy, seed=args.seed,
             max_text_tokens=args.max_text_tokens, max_frames=args.max_frames, language=args.language,

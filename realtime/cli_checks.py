@@ -23,6 +23,9 @@ def default_device() -> str:
 def check_before_loading(args: argparse.Namespace) -> ModelSpec:
     """The model's config and the device, checked before anything loads; what the model declares."""
     spec = check_model(args.model)
+    if args.voice_model:
+        check_model(args.voice_model, "--voice-model")
+        spec = check_model(args.model, "--voice-model", args.voice_model)
     check_device(args.device or default_device())
     return spec
 
@@ -34,17 +37,18 @@ def check_positive(args: argparse.Namespace, *names: str, zero_ok: bool = False)
                              f"(got {getattr(args, name):g})")
 
 
-def check_model(model: str) -> ModelSpec:
-    """What the model declares, read without its weights: a path that cannot load fails early, naming the file."""
+def check_model(model: str, flag: str = "--model", voice_model: str = "") -> ModelSpec:
+    """What the model declares (speaking with `voice_model`), read without its weights: a path that cannot load
+    fails early, naming the file."""
     from models.registry import describe, presets
 
     if model not in presets():
         path, config = Path(model), Path(model) / "config.json"
         if not path.is_dir():
-            raise UsageError(f"--model {model}: no such directory (give a checkpoint directory, or one of "
+            raise UsageError(f"{flag} {model}: no such directory (give a checkpoint directory, or one of "
                              f"{', '.join(presets())})")
         if not config.is_file():
-            raise UsageError(f"--model {model}: no config.json in that directory")
+            raise UsageError(f"{flag} {model}: no config.json in that directory")
         try:
             data = json.loads(config.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -52,9 +56,9 @@ def check_model(model: str) -> ModelSpec:
         if not isinstance(data, dict):
             raise UsageError(f"{config}: not a JSON object (a checkpoint's config.json is one)")
     try:
-        return describe(model)
+        return describe(model, voice_model)
     except (ValueError, TypeError, KeyError, AttributeError) as e:
-        raise UsageError(f"--model {model}: {e}") from None
+        raise UsageError(f"{flag} {voice_model or model}: {e}") from None
 
 
 def check_device(device: str) -> None:

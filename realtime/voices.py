@@ -60,7 +60,7 @@ class CustomVoices:
                              f"voices): set '{where}' to one of its voices ({', '.join(self.spec.voices)}).")
         if not load:
             return {}
-        rate = self.spec.input_rate or self.spec.output_rate
+        rate = self.spec.output_rate  # a voice is cloned at the rate it speaks
         audio = torch.from_numpy(self.store.audio(voice_id))
         return {"reference_audio": resample(audio, STORE_RATE, rate) if rate != STORE_RATE else audio}
 

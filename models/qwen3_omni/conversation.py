@@ -118,7 +118,7 @@ class TurnState(SpeakingState):
         in_call = self.reply_ids[0] == self.tool_call_id
         self.emit(TextDelta(self.turn_id, self.decoder.push(token), (token,), tool_call=in_call))
         final = token == self.im_end or len(self.reply_ids) >= self.options.max_text_tokens
-        if self.speaking:
+        if self.speaking and self.tts is not None:  # this model's own talker (not another model's voice)
             if first:
                 self.head_embeds = self.session.embeds.tail(self.session.embeds.n - 4)
             elif not final:

@@ -81,7 +81,7 @@ def kv_layouts(model: Qwen3Omni, cfg: PipelineConfig) -> dict[str, KVLayout]:
     """The thinker's and talker's cache layouts: the stages' `kv_blocks`, or with `kv_memory_gib`, blocks
     that fill that much memory (negative: what is free on the device less KV_HEADROOM_GIB)."""
     texts = {"thinker": model.cfg.thinker.text}
-    if model.cfg.talker is not None:
+    if model.talker is not None:  # None also when another model's voice speaks
         texts["talker"] = model.cfg.talker.text
     itemsize = torch.empty((), dtype=getattr(torch, cfg.dtype)).element_size()
     per_token = {n: 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * itemsize for n, t in texts.items()}

@@ -17,6 +17,7 @@ from pipelines.pipeline import Emit, Pipeline
 from pipelines.program import ContextTooLong, StagedProgram
 from pipelines.stage import Stage
 from pipelines.types import Message, Turn
+from pipelines.voice import Voice, spoken_by
 
 from .audio_features import audio_token_count, log_mel
 from .audio_stream import AudioStream
@@ -37,9 +38,15 @@ BYTES_PER_TOKEN = 4  # prompt text beyond 4 bytes per token of context is refuse
 
 
 class Qwen3OmniProgram(StagedProgram):
-    def __init__(self, model: Qwen3Omni, tokenizer: Tokenizer, cfg: PipelineConfig) -> None:
-        self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
+    def __init__(self, model: Qwen3Omni, tokenizer: Tokenizer, cfg: PipelineConfig, voice: Voice | None = None) -> None:
+        """`voice`: another model's talker and codec speak the replies, in place of this model's own."""
+        self.model, self.tokenizer, self.cfg, self.voice = model, tokenizer, cfg, voice
         self.device, self.dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
+        if voice is not None:
+            voice.reads(tokenizer.backend.get_vocab(with_added_tokens=True))
+            model.talker = model.code2wav = None
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # their memory counts as free when the KV caches are sized
         caches = {name: PagedKVCache(layout) for name, layout in kv_layouts(model, cfg).items()}
         sc = cfg.stage
         with torch.inference_mode():
@@ -51,9 +58,13 @@ class Qwen3OmniProgram(StagedProgram):
                 self.steps["talker"] = TalkerStep(model, self.dtype, caches["talker"], sc("talker"))
                 self.steps["code2wav"] = Code2WavStep(model.code2wav, self.device, self.dtype,
                                                       graphs=sc("code2wav").graphs, buckets=sc("code2wav").buckets)
-        names = cfg.stage_names(model.talker is not None)
-        super().__init__(omni_spec(model.cfg, cfg.model), [Stage(sc(n), self.steps[n], caches.get(n)) for n in names],
-                         session_stage="thinker")
+        stages = [Stage(sc(n), self.steps[n], caches.get(n)) for n in cfg.stage_names(model.talker is not None)]
+        spec = omni_spec(model.cfg, cfg.model)
+        if voice is not None:
+            spec, stages = spoken_by(spec, voice.spec), stages + voice.stages
+            self.steps.update({s.name: s.runner.model for s in voice.stages})
+        self.holdback = voice.holdback if voice else model.code2wav.holdback if model.code2wav else None
+        super().__init__(spec, stages, session_stage="thinker")
         thinker = caches["thinker"].layout
         # tokens one conversation can ever hold
         self.max_context = min(thinker.num_blocks * thinker.block_size, MAX_POSITIONS)
@@ -148,7 +159,9 @@ class Qwen3OmniProgram(StagedProgram):
         if features:
             works.append((s["audio_encoder"], EncoderWork(state)))
         works.append((s["thinker"], ThinkerWork(state, s["thinker"].kv)))
-        if opts.audio:
+        if opts.audio and self.voice is not None:
+            works += self.voice.works(state, turn.options)
+        elif opts.audio:
             works.append((s["talker"], TalkerWork(state, s["talker"].kv, self.steps["talker"].prompt)))
             works.append((s["code2wav"], Code2WavWork(state)))
         if not features:  # last: the session changes only once nothing else can fail
@@ -172,9 +185,9 @@ class Qwen3OmniProgram(StagedProgram):
             session.turn.finish("cancelled")
         start, reply = session.replies[turn_id]
         frames = len(reply)  # a text reply is kept whole
-        if self.model.code2wav is not None:
+        if self.holdback is not None:
             samples = audio_end_ms * self.spec.output_rate // 1000
-            frames = 0 if samples <= 0 else -(-(samples + self.model.code2wav.holdback) // self.spec.frame_samples)
+            frames = 0 if samples <= 0 else -(-(samples + self.holdback) // self.spec.frame_samples)
         keep = max(0, min(len(reply), frames))
         text = self.tokenizer.decode(reply[:keep], skip_special=True)
         if start + len(reply) < len(session.ids) or session.turn is not None:
@@ -186,14 +199,15 @@ class Qwen3OmniProgram(StagedProgram):
         return text, True
 
 
-def build_pipeline(cfg: PipelineConfig, model: Qwen3Omni | None = None) -> Pipeline:
+def build_pipeline(cfg: PipelineConfig, model: Qwen3Omni | None = None, voice: Voice | None = None) -> Pipeline:
     """Load `cfg.model` (or use `model`, already on the device) and return its Pipeline, not started."""
     model = model or load_model(cfg.model, cfg.device, getattr(torch, cfg.dtype))
     tokenizer = Tokenizer.builtin() if cfg.model in PRESETS else Tokenizer.load(cfg.model)
-    return Pipeline(Qwen3OmniProgram(model, tokenizer, cfg))
+    return Pipeline(Qwen3OmniProgram(model, tokenizer, cfg, voice))
 
 
 def build(model: str, device: str = "cpu", dtype: str | None = None, graphs: bool | None = None,
-          kv_memory_gib: float | None = None, **stage_overrides: dict) -> Pipeline:
+          kv_memory_gib: float | None = None, voice: Voice | None = None, **stage_overrides: dict) -> Pipeline:
     """The registry's entry point: `model` ('tiny', 'tiny-thinker' or a checkpoint) on `device`'s defaults."""
-    return build_pipeline(PipelineConfig.on(model, device, dtype, graphs, kv_memory_gib, **stage_overrides))
+    cfg = PipelineConfig.on(model, device, dtype, graphs, kv_memory_gib, **stage_overrides)
+    return build_pipeline(cfg, voice=voice)

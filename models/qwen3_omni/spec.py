@@ -86,7 +86,7 @@ class TurnSettings:
     def resolve(cls, opts: GenerationOptions, spec: ModelSpec) -> TurnSettings:
         if opts.audio and not spec.speaks:
             raise ValueError("this model replies in text only: ask for text output (output_modalities ['text'])")
-        if opts.reference_audio is not None or opts.reference_text:
+        if (opts.reference_audio is not None or opts.reference_text) and not spec.clones:
             raise ValueError("this model cannot clone a voice from reference audio")
         speaker = spec.voice(opts.voice) if spec.speaks else ""
         get = {n: opts.sampling_for(n, spec.sampling.get(n, DEFAULTS[n])) for n in DEFAULTS}
