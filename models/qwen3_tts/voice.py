@@ -97,7 +97,7 @@ class VoiceWork(FrameWork):
             if n == 0:
                 t.talker_done = t.thinker_done  # a reply without text: no speech (Code2Wav then ends the audio)
                 return 0
-            text = TextIds(v.role + t.reply_ids[:1] + v.tail, [])
+            text = TextIds(v.role + t.reply_ids[:1] + v.tail, [], [])
             self.inputs.append(build_prompt(v.model.talker, v.model.cfg, text, self.language, self.speaker,
                                             streamed=True).embeds)
         if self.next_embed is not None:  # the last input made its frame
