@@ -11,11 +11,12 @@ import torch
 from torch import nn
 
 from models.common.code2wav import Code2Wav
+from models.common.weights import random_weights_
 
 from .config import OmniConfig
 from .talker import Talker
 from .thinker import Thinker
-from .tiny import PRESETS, random_weights_
+from .tiny import PRESETS
 from .weights import load_weights
 
 log = logging.getLogger(__name__)
