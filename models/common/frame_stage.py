@@ -14,8 +14,8 @@ import torch
 from pipelines import kv_views
 from pipelines.graphs import GraphRunner, Tensors
 from pipelines.kv_cache import BatchKV, PagedKVCache
+from pipelines.sampling import sampling_rows
 from pipelines.stage import StageConfig
-from pipelines.step_sampling import sampling_rows
 from pipelines.types import GenerationOptions
 
 from .frame import FrameTalker

@@ -9,8 +9,8 @@ from models.common.work import GREEDY, NAN_MESSAGE
 from pipelines import kv_views
 from pipelines.graphs import GraphRunner, Tensors
 from pipelines.kv_cache import BatchKV, PagedKVCache
+from pipelines.sampling import sampling_rows
 from pipelines.stage import StageConfig
-from pipelines.step_sampling import sampling_rows
 
 from .forward import ThinkerDecode, ThinkerPrefill
 from .model import Qwen3Omni
