@@ -27,8 +27,7 @@ from models.qwen3_omni.tiny import FULL_CONFIG, tiny_config  # noqa: E402
 from pipelines import kv_views  # noqa: E402
 from pipelines.graphs import BUCKETS, GraphRunner  # noqa: E402
 from pipelines.kv_cache import KVLayout, PagedKVCache  # noqa: E402
-from pipelines.sampling import SamplingParams  # noqa: E402
-from pipelines.step_sampling import sampling_rows  # noqa: E402
+from pipelines.sampling import SamplingParams, sampling_rows  # noqa: E402
 
 
 def timed(fn, reps: int) -> float:

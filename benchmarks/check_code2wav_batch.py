@@ -24,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from models.common.code2wav import Code2Wav  # noqa: E402
 from models.common.code2wav_batch import Code2WavSlots  # noqa: E402
+from models.common.weights import random_weights_  # noqa: E402
 from models.qwen3_omni.config import OmniConfig  # noqa: E402
-from models.qwen3_omni.tiny import FULL_CONFIG, random_weights_, tiny_config  # noqa: E402
+from models.qwen3_omni.tiny import FULL_CONFIG, tiny_config  # noqa: E402
 
 
 def state(dec: Code2WavSlots) -> list[torch.Tensor]:

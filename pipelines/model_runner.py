@@ -11,12 +11,12 @@ from typing import Protocol
 
 import torch
 
-from .kv_cache import BatchKV, PagedKVCache
+from .kv_cache import PagedKVCache
 from .scheduler import Batch, Work
 
 
 class StepModel(Protocol):
-    def run(self, works: list[Work], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
+    def run(self, works: list[Work], lengths: list[int], prefill: bool) -> None:
         """Feed each work's next `lengths[i]` pending inputs, sample, and hand results on (any shapes)."""
         ...
 
@@ -54,10 +54,7 @@ class ModelRunner:
         with torch.inference_mode(), torch.profiler.record_function(self.name):
             decode = getattr(self.model, "decode", None)
             if batch.prefill or decode is None or not decode(batch.works):
-                view = None
-                if self.kv is not None:
-                    view = self.kv.batch([(w.key, n) for w, n in zip(batch.works, batch.lengths, strict=True)])
-                self.model.run(batch.works, batch.lengths, view, batch.prefill)
+                self.model.run(batch.works, batch.lengths, batch.prefill)
             if self.kv is not None:
                 for w, n in zip(batch.works, batch.lengths, strict=True):
                     if self.kv.has(w.key):

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from .graphs import Input, Tensors
 
 
 @dataclass(frozen=True)
@@ -123,3 +126,18 @@ class Sampler:
             gumbel = gumbel_noise(self.seed, step[:, None], logits.shape[-1])[:, 0]
         sampled = (scaled + gumbel).argmax(dim=-1)
         return torch.where(self.greedy, greedy_ids, sampled)
+
+
+def sampling_inputs(prefix: str) -> dict[str, Input]:
+    """Sampling parameters as static step inputs. A captured step cannot branch on them on the host, so its
+    sampler always runs the full path; each row's result equals `Sampler.of(params)`'s."""
+    return {f"{prefix}.{k}": Input((), dt, pad) for k, (dt, pad) in FIELDS.items()}
+
+
+def sampling_rows(prefix: str, params: list[SamplingParams]) -> dict[str, np.ndarray]:
+    return {f"{prefix}.{k}": np.asarray(v) for k, v in row_values(params).items()}
+
+
+def static_sampler(buffers: Tensors, prefix: str) -> Sampler:
+    """A Sampler over the step's buffers (no host-side shortcuts)."""
+    return Sampler(*(buffers[f"{prefix}.{k}"] for k in FIELDS))

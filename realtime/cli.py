@@ -155,9 +155,7 @@ def generate(args: argparse.Namespace) -> int:
     check_speaking(declared, args.language, args.instructions, args.reference_audio, args.reference_text)
     if args.out:
         check_out(args.out)
-    messages = []
-    if args.system:
-        messages.append(Message("system", args.system))
+    messages = [Message("system", args.system)] if args.system else []
     samples, rate = read_audio(args.audio) if args.audio else (None, 0)
     reference, ref_rate = read_audio(args.reference_audio, "--reference-audio") if args.reference_audio else (None, 0)
     with build(args) as pipeline:
@@ -254,8 +252,7 @@ def serve(args: argparse.Namespace) -> int:
     origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
     if args.api_key_file:
         try:
-            with open(args.api_key_file) as f:
-                key = f.read().strip()
+            key = Path(args.api_key_file).read_text().strip()
         except OSError as e:
             raise UsageError(f"--api-key-file {args.api_key_file}: {e.strerror}") from None
     try:

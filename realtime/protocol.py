@@ -178,33 +178,42 @@ _speed = _rule("must be a number in [0.25, 1.5]", lambda v: not isinstance(v, bo
                and 0.25 <= v <= 1.5)
 _include = _rule("must be null or ['item.input_audio_transcription.logprobs']", lambda v: v is None or (
     isinstance(v, list) and all(x == "item.input_audio_transcription.logprobs" for x in v)))
-_prompt = _rule("must be null or {'id': ..., 'version': ..., 'variables': {...}}", lambda v: v is None or (
-    isinstance(v, dict) and isinstance(v.get("id"), str) and not set(v) - {"id", "version", "variables"}
-    and isinstance(v.get("version", ""), str | None) and isinstance(v.get("variables", {}), dict | None)))
+_number01 = lambda v: not isinstance(v, bool) and isinstance(v, int | float) and 0 <= v <= 1  # noqa: E731
+_strings = lambda v: v is None or (isinstance(v, list) and all(isinstance(x, str) for x in v))  # noqa: E731
+
+
+def _object(v: Any, fields: dict[str, Callable[[Any], bool]], required: tuple[str, ...] = ()) -> bool:
+    """`v` is an object of some of `fields` (all of `required`), each passing its test."""
+    return isinstance(v, dict) and set(v) <= set(fields) and set(required) <= set(v) and all(
+        ok(v[k]) for k, ok in fields.items() if k in v)
+
+
+_str_or_none = lambda v: isinstance(v, str | None)  # noqa: E731
+_prompt = _rule("must be null or {'id': ..., 'version': ..., 'variables': {...}}", lambda v: v is None or _object(
+    v, {"id": lambda x: isinstance(x, str), "version": _str_or_none, "variables": lambda x: isinstance(x, dict | None)},
+    ("id",)))
 _noise_reduction = _rule("must be null or {'type': 'near_field' | 'far_field', 'strength': 0..1}",
-                         lambda v: v is None or (isinstance(v, dict) and set(v) <= {"type", "strength"}
-                                                 and v.get("type", "near_field") in ("near_field", "far_field")
-                                                 and not isinstance(v.get("strength", 1), bool)
-                                                 and isinstance(v.get("strength", 1), int | float)
-                                                 and 0 <= v.get("strength", 1) <= 1))
+                         lambda v: v is None or _object(v, {"type": lambda x: x in ("near_field", "far_field"),
+                                                            "strength": _number01}))
+_transcription = _rule("must be null or {'model': ..., 'language': ..., 'prompt': ..., 'keywords': [...], "
+                       "'languages': [...], 'delay': ...}", lambda v: v is None or _object(v, {
+                           "model": _str_or_none, "language": _str_or_none, "prompt": _str_or_none,
+                           "keywords": _strings, "languages": _strings, "delay": lambda x: x in (None, *EFFORTS)}))
+_tool = _rule("each tool must be {'type': 'function', 'name': ..., 'description': ..., 'parameters': {...}}",
+              lambda t: _object(t, {"type": lambda x: x == "function", "name": lambda x: isinstance(x, str) and x,
+                                    "description": lambda x: isinstance(x, str),
+                                    "parameters": lambda x: isinstance(x, dict)}, ("type", "name")))
+_truncation = _rule("must be 'auto', 'disabled' or {'type': 'retention_ratio', 'retention_ratio': 0..1}",
+                    lambda v: v in ("auto", "disabled") or _object(v, {
+                        "type": lambda x: x == "retention_ratio", "retention_ratio": _number01,
+                        "token_limits": lambda x: x is None or _object(x, {"post_instructions": lambda n: isinstance(
+                            n, int)})}, ("type", "retention_ratio")))
 
 
 def _format(v: Any) -> None:
     if not isinstance(v, dict):
         raise ValueError("must be an object like {'type': 'audio/pcm', 'rate': 24000}")
     AudioFormat.from_config(v)
-
-
-def _transcription(v: Any) -> None:
-    if v is None:
-        return
-    strings, lists = ("model", "language", "prompt"), ("keywords", "languages")
-    if not isinstance(v, dict) or set(v) - {*strings, *lists, "delay"} \
-            or any(not isinstance(v.get(k), str | None) for k in strings) \
-            or any(v.get(k) is not None and not (isinstance(v[k], list) and all(isinstance(x, str) for x in v[k]))
-                   for k in lists) or v.get("delay") not in (None, *EFFORTS):
-        raise ValueError("must be null or {'model': ..., 'language': ..., 'prompt': ..., 'keywords': [...], "
-                         "'languages': [...], 'delay': ...}")
 
 
 def _turn_detection(v: Any) -> None:
@@ -223,33 +232,15 @@ def _tools(v: Any) -> None:
     if not isinstance(v, list) or len(v) > 128:
         raise ValueError("must be a list of at most 128 tools")
     for t in v:
-        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("name"), str) or \
-                not t["name"] or set(t) - {"type", "name", "description", "parameters"} or \
-                not isinstance(t.get("description", ""), str) or not isinstance(t.get("parameters", {}), dict):
-            raise ValueError("each tool must be {'type': 'function', 'name': ..., 'description': ..., "
-                             "'parameters': {...}}")
+        _tool(t)
 
 
 def _tracing(v: Any) -> None:
     if v in (None, "auto"):
         return
-    if not isinstance(v, dict) or set(v) - {"workflow_name", "group_id", "metadata"} or \
-            any(not isinstance(v.get(k), str | None) for k in ("workflow_name", "group_id")):
+    if not _object(v, {"workflow_name": _str_or_none, "group_id": _str_or_none, "metadata": lambda x: True}):
         raise ValueError("must be null, 'auto' or {'workflow_name': ..., 'group_id': ..., 'metadata': {...}}")
     _string_map(v.get("metadata"))
-
-
-def _truncation(v: Any) -> None:
-    if v in ("auto", "disabled"):
-        return
-    ratio = v.get("retention_ratio") if isinstance(v, dict) else None
-    limits = v.get("token_limits") if isinstance(v, dict) else None
-    if not isinstance(v, dict) or v.get("type") != "retention_ratio" or set(v) - {"type", "retention_ratio",
-                                                                                 "token_limits"} \
-            or isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 <= ratio <= 1 \
-            or not (limits is None or isinstance(limits, dict) and set(limits) <= {"post_instructions"} and
-                    isinstance(limits.get("post_instructions", 1), int)):
-        raise ValueError("must be 'auto', 'disabled' or {'type': 'retention_ratio', 'retention_ratio': 0..1}")
 
 
 SCHEMA: dict = {

@@ -145,12 +145,10 @@ class Response:
 
     def _spend(self, n: int) -> bool:
         """Whether `n` more output tokens fit; once the budget is spent the turn is stopped."""
-        if n <= self._left():
-            if n == self._left():
-                self._cap()
-            return True
-        self._cap()
-        return False
+        left = self._left()
+        if n >= left:
+            self._cap()
+        return n <= left
 
     def _cap(self) -> None:
         if not self.capped:

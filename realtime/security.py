@@ -15,13 +15,9 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 _SECRET = re.compile(r"(openai-insecure-api-key\.|bearer\s+)[^\s,'\"\])]+", re.IGNORECASE)
 
 
-def header_bytes(value: str) -> bytes:
-    """The header's bytes as they came (aiohttp decodes headers as UTF-8 with surrogateescape)."""
-    return value.encode("utf-8", "surrogateescape")
-
-
 def key_matches(given: str, key: str) -> bool:
-    return hmac.compare_digest(header_bytes(given), key.encode())
+    """`given` compared as the header's bytes as they came (aiohttp decodes headers as UTF-8 with surrogateescape)."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), key.encode())
 
 
 def _hostname(netloc: str) -> str | None:

@@ -212,16 +212,12 @@ class Server:
                                    max_msg_size=MAX_EVENT_CHARS, timeout=self.cfg.close_timeout_s)
         await ws.prepare(request)
         client = request.remote or "unknown"
-        if self.drain.refusing():
+        refusal = b"server is draining" if self.drain.refusing() else b"server at max sessions" \
+            if self.metrics.sessions >= self.cfg.max_sessions else b"too many sessions from this address" \
+            if self.per_client[client] >= self.cfg.max_sessions_per_client else None
+        if refusal is not None:
             self.metrics.rejected_total += 1
-            await self._close(ws, request, WSCloseCode.TRY_AGAIN_LATER, b"server is draining")
-            return ws
-        if self.metrics.sessions >= self.cfg.max_sessions or \
-                self.per_client[client] >= self.cfg.max_sessions_per_client:
-            self.metrics.rejected_total += 1
-            full = self.metrics.sessions >= self.cfg.max_sessions
-            await self._close(ws, request, WSCloseCode.TRY_AGAIN_LATER,
-                              b"server at max sessions" if full else b"too many sessions from this address")
+            await self._close(ws, request, WSCloseCode.TRY_AGAIN_LATER, refusal)
             return ws
         self.metrics.sessions += 1
         self.metrics.sessions_total += 1

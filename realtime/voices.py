@@ -35,9 +35,7 @@ class CustomVoices:
     def options(self, voice: Any, where: str = "voice") -> dict:
         """{"voice": ...} or a custom voice's fields; ValueError for a voice this model cannot use, LookupError for
         a custom voice id that does not exist."""
-        if isinstance(voice, dict):
-            if set(voice) != {"id"} or not isinstance(voice["id"], str):
-                raise ValueError(f"'{where}' must be a voice name or an object {{\"id\": \"voice_...\"}}.")
+        if isinstance(voice, dict) and set(voice) == {"id"}:
             if is_custom(voice):
                 return self.custom(voice["id"], where)
             voice = voice["id"]

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.qwen3_omni.tiny import random_weights_, tiny_config
+from models.common.weights import random_weights_
+from models.qwen3_omni.tiny import tiny_config
 
 # Tiny matmuls on 2 shared cores: one thread each is many times faster than oversubscribed pools.
 torch.set_num_threads(1)

@@ -9,7 +9,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat
 from models.qwen3_omni.audio_encoder import AudioEncoder
 from models.qwen3_omni.audio_features import audio_token_count
 from models.qwen3_omni.config import OmniConfig
-from models.qwen3_omni.weights import load_weights
+from models.qwen3_omni.model import load_weights
 
 REL_TOL = 1e-5  # max|ours - ref| <= REL_TOL * max|ref|; measured about 5e-7
 

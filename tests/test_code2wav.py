@@ -20,7 +20,7 @@ from models.common.code2wav import Code2Wav
 from models.common.code2wav_batch import Code2WavSlots
 from models.common.config import Code2WavConfig
 from models.qwen3_omni.config import OmniConfig
-from models.qwen3_omni.weights import load_weights
+from models.qwen3_omni.model import load_weights
 
 EXACT = 1e-9  # float64
 

@@ -18,8 +18,9 @@ from torch import nn
 from models.common.code2wav import Code2Wav
 from models.common.code2wav_batch import Code2WavSlots
 from models.common.config import Code2WavConfig
+from models.common.weights import random_weights_
 from models.qwen3_omni.config import OmniConfig
-from models.qwen3_omni.tiny import random_weights_, tiny_config
+from models.qwen3_omni.tiny import tiny_config
 
 EXACT = 1e-9
 BUCKETS = (1, 2, 4, 8)

@@ -199,11 +199,11 @@ def test_a_failing_model_step_fails_only_its_turns(pipeline, monkeypatch):
     real_run = type(talker).run
     calls = {"n": 0}
 
-    def flaky(self, works, lengths, kv, prefill):
+    def flaky(self, works, lengths, prefill):
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("injected fault")
-        return real_run(self, works, lengths, kv, prefill)
+        return real_run(self, works, lengths, prefill)
 
     monkeypatch.setattr(type(talker), "run", flaky)
     failed = pipeline.run(turn("f1", 0.5, 19), timeout_s=120)

@@ -18,9 +18,8 @@ from models.qwen3_omni.thinker_step import ThinkerStep
 from pipelines import kv_views
 from pipelines.graphs import PrefillGraphs
 from pipelines.kv_cache import KVLayout, PagedKVCache
-from pipelines.sampling import SamplingParams
+from pipelines.sampling import SamplingParams, sampling_rows
 from pipelines.stage import StageConfig
-from pipelines.step_sampling import sampling_rows
 
 CACHED, NEW = 37, PrefillGraphs.TOKENS[-1] + 88  # the new tokens fit no token bucket
 GREEDY = sampling_rows("s", [SamplingParams(greedy=True)])

@@ -13,8 +13,7 @@ from pipelines import kv_views
 from pipelines.graphs import GraphRunner, bucket_for
 from pipelines.kv_cache import KVLayout, PagedKVCache
 from pipelines.paged_attention import paged_decode_attention
-from pipelines.sampling import Sampler, SamplingParams
-from pipelines.step_sampling import sampling_rows
+from pipelines.sampling import Sampler, SamplingParams, sampling_rows
 
 LENGTHS = [5, 17, 1, 33, 9]  # cached tokens per row, across block boundaries
 SAMPLED = SamplingParams(temperature=0.9, top_k=7, top_p=0.8, repetition_penalty=1.05, seed=3)

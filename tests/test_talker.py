@@ -8,9 +8,9 @@ import torch
 
 from models.common.layers import DenseKVCache
 from models.qwen3_omni.config import OmniConfig
+from models.qwen3_omni.model import load_weights
 from models.qwen3_omni.talker import Talker
 from models.qwen3_omni.talker_prompt import tts_embeds, tts_token_ids
-from models.qwen3_omni.weights import load_weights
 from tests.conftest import HFTiny
 from tests.reference_paths import build_prompt, next_input
 

@@ -10,8 +10,8 @@ import torch
 
 from models.common.layers import DenseKVCache
 from models.qwen3_omni.config import OmniConfig
+from models.qwen3_omni.model import load_weights
 from models.qwen3_omni.thinker import Thinker, ThinkerText, merge_audio
-from models.qwen3_omni.weights import load_weights
 from tests.reference_paths import text_positions
 
 IM_START, IM_END, SYSTEM, USER, ASSISTANT, NL = 151644, 151645, 8948, 872, 77091, 198

@@ -13,8 +13,9 @@ import torch
 from models import registry
 from models.common import chat
 from models.common.tokenizer import Tokenizer
+from models.common.weights import random_weights_
 from models.qwen3_omni.audio_features import audio_token_count, log_mel
-from models.qwen3_omni.tiny import random_weights_, tiny_config
+from models.qwen3_omni.tiny import tiny_config
 from pipelines.types import GenerationOptions, Message, TextDelta, Turn, TurnDone, TurnError
 
 TOKENS = 8

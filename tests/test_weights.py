@@ -12,8 +12,8 @@ from models.common.weights import WeightError, map_name
 from models.common.weights import load_weights as load_any
 from models.qwen3_omni.config import OmniConfig
 from models.qwen3_omni.model import load_model
+from models.qwen3_omni.model import load_weights as load_omni
 from models.qwen3_omni.tiny import FULL_CONFIG
-from models.qwen3_omni.weights import load_weights as load_omni
 
 
 def copy_ckpt(src, dst, edit=None):

@@ -11,7 +11,6 @@ import numpy as np
 import torch
 
 from pipelines.graphs import BUCKETS, GraphRunner, Input
-from pipelines.kv_cache import BatchKV
 from pipelines.types import AudioChunk
 
 from .code2wav import Code2Wav
@@ -77,7 +76,7 @@ class Code2WavStep:
     def capture(self, pool: object | None) -> object | None:
         return self.first.capture(self.later.capture(pool))
 
-    def run(self, works: list[Code2WavWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
+    def run(self, works: list[Code2WavWork], lengths: list[int], prefill: bool) -> None:
         for w in works:
             if w.slot is None and w.turn.frames_out:
                 if not self.streams.free_slots:

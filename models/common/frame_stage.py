@@ -13,9 +13,9 @@ import torch
 
 from pipelines import kv_views
 from pipelines.graphs import GraphRunner, Tensors
-from pipelines.kv_cache import BatchKV, PagedKVCache
+from pipelines.kv_cache import PagedKVCache
+from pipelines.sampling import sampling_rows
 from pipelines.stage import StageConfig
-from pipelines.step_sampling import sampling_rows
 from pipelines.types import GenerationOptions
 
 from .frame import FrameTalker
@@ -99,7 +99,7 @@ class FrameStage:
             self._commit(works, self.graph(len(works), rows))
         return True
 
-    def run(self, works: list[FrameWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
+    def run(self, works: list[FrameWork], lengths: list[int], prefill: bool) -> None:
         for call in self.prefill.calls(works, lengths):
             self._prefill(call)
 

@@ -12,8 +12,7 @@ import torch
 from pipelines.graphs import Input, Tensors
 from pipelines.kv_cache import PagedKVCache
 from pipelines.kv_views import DecodeKV, PrefillKV, decode_inputs
-from pipelines.sampling import gumbel_noise
-from pipelines.step_sampling import sampling_inputs, static_sampler
+from pipelines.sampling import gumbel_noise, sampling_inputs, static_sampler
 
 from .frame import FrameTalker, next_frame
 from .prefill import last_hidden, prefill_step_inputs

@@ -8,6 +8,7 @@ parameter must be filled. Anything else is an error naming the keys.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -147,3 +148,24 @@ def _set_param(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
     owner = model.get_submodule(owner_name) if owner_name else model
     setattr(owner, attr, nn.Parameter(tensor, requires_grad=False))
 
+
+
+def random_weights_(model: nn.Module, seed: int = 0) -> None:
+    """Seeded random weights of a healthy scale, every parameter touched (norms and scales near 1,
+    biases and snake log-scales small, matrices ~ 1/sqrt(fan_in)). Works on ours and on transformers',
+    and in place on any device (a meta-built model moved with `to_empty` is filled on the GPU)."""
+    gens: dict[torch.device, torch.Generator] = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            g = gens.setdefault(p.device, torch.Generator(device=p.device).manual_seed(seed))
+            leaf = name.rsplit(".", 1)[-1]
+            if p.dim() >= 2:
+                fan_in = p.shape[-1] if ".experts." in f".{name}" else p[0].numel()
+                value = torch.randn(p.shape, generator=g, device=p.device) / math.sqrt(max(1, fan_in))
+            elif leaf in ("alpha", "beta"):
+                value = torch.randn(p.shape, generator=g, device=p.device) * 0.1
+            elif leaf == "bias":
+                value = torch.randn(p.shape, generator=g, device=p.device) * 0.02
+            else:
+                value = 1.0 + 0.1 * torch.randn(p.shape, generator=g, device=p.device)
+            p.copy_(value.to(p.dtype))

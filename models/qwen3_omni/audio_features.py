@@ -8,6 +8,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from models.common.mel import mel_filterbank as slaney_filters
+
 SAMPLE_RATE = 16000
 N_FFT = 400
 HOP_LENGTH = 160
@@ -19,22 +21,9 @@ def _exact_dtype(device: torch.device) -> torch.dtype:
     return torch.float64 if device.type == "cuda" else torch.float32
 
 
-def _hz_to_mel(f: np.ndarray) -> np.ndarray:
-    return np.where(f >= 1000.0, 15.0 + np.log(np.maximum(f, 1000.0) / 1000.0) * 27.0 / np.log(6.4), 3.0 * f / 200.0)
-
-
-def _mel_to_hz(m: np.ndarray) -> np.ndarray:
-    return np.where(m >= 15.0, 1000.0 * np.exp(np.log(6.4) / 27.0 * (m - 15.0)), 200.0 * m / 3.0)
-
-
 def mel_filterbank() -> np.ndarray:
-    """Slaney-scale, Slaney-normalised triangular filters, float64 [N_FFT // 2 + 1, N_MELS], 0..8 kHz."""
-    fft_hz = np.linspace(0.0, SAMPLE_RATE // 2, N_FFT // 2 + 1)
-    edges = _mel_to_hz(np.linspace(_hz_to_mel(np.array(0.0)), _hz_to_mel(np.array(8000.0)), N_MELS + 2))
-    width = np.diff(edges)
-    rising = (fft_hz[:, None] - edges[None, :-2]) / width[:-1]
-    falling = (edges[None, 2:] - fft_hz[:, None]) / width[1:]
-    return np.maximum(0.0, np.minimum(rising, falling)) * (2.0 / (edges[2:] - edges[:-2]))
+    """Whisper's filters: float64 [N_FFT // 2 + 1, N_MELS], 0..8 kHz."""
+    return slaney_filters(SAMPLE_RATE, N_FFT, N_MELS, SAMPLE_RATE / 2)
 
 
 @lru_cache(maxsize=8)

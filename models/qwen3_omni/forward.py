@@ -13,7 +13,7 @@ from models.common.prefill import last_hidden, prefill_step_inputs
 from pipelines.graphs import Input, Tensors
 from pipelines.kv_cache import PagedKVCache
 from pipelines.kv_views import DecodeKV, PrefillKV, decode_inputs
-from pipelines.step_sampling import sampling_inputs, static_sampler
+from pipelines.sampling import sampling_inputs, static_sampler
 
 from .model import Qwen3Omni
 

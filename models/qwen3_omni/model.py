@@ -1,24 +1,29 @@
 """The whole Qwen3-Omni: thinker (audio encoder + MoE LLM), talker (+ code predictor), Code2Wav; a
-checkpoint without a talker (Thinking, Captioner) has `talker`, `code2wav` None."""
+checkpoint without a talker (Thinking, Captioner) has `talker`, `code2wav` None. Checkpoint names are ours as
+they are, except the vision tower's (image and video input are not served yet), skipped without being read."""
 
 from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from models.common.code2wav import Code2Wav
+from models.common.weights import load_weights as load_any
+from models.common.weights import random_weights_
 
 from .config import OmniConfig
 from .talker import Talker
 from .thinker import Thinker
-from .tiny import PRESETS, random_weights_
-from .weights import load_weights
+from .tiny import PRESETS
 
 log = logging.getLogger(__name__)
+VISION_PREFIX = "thinker.visual."
+load_weights = partial(load_any, rename=lambda key: None if key.startswith(VISION_PREFIX) else key)
 
 
 class Qwen3Omni(nn.Module):

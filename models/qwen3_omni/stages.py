@@ -8,7 +8,7 @@ import torch
 
 from models.common.speaking import FrameWork
 from models.common.work import Work
-from pipelines.kv_cache import BatchKV, PagedKVCache
+from pipelines.kv_cache import PagedKVCache
 
 from .audio_stream import AudioStream
 from .conversation import TurnState
@@ -70,7 +70,7 @@ class EncoderStep:
     def __init__(self, model: Qwen3Omni, device: torch.device, dtype: torch.dtype) -> None:
         self.model, self.device, self.dtype = model, device, dtype
 
-    def run(self, works: list[EncoderWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
+    def run(self, works: list[EncoderWork], lengths: list[int], prefill: bool) -> None:
         """Turns whose audios all last a chunk (one second) or more encode in one call, exactly as alone; one
         with a shorter audio encodes alone (the reference pads a short chunk to the call's longest)."""
         chunk = 2 * self.model.cfg.thinker.audio.n_window

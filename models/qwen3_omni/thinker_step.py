@@ -8,9 +8,9 @@ from models.common.prefill import PrefillCall, Prefills
 from models.common.work import GREEDY, NAN_MESSAGE
 from pipelines import kv_views
 from pipelines.graphs import GraphRunner, Tensors
-from pipelines.kv_cache import BatchKV, PagedKVCache
+from pipelines.kv_cache import PagedKVCache
+from pipelines.sampling import sampling_rows
 from pipelines.stage import StageConfig
-from pipelines.step_sampling import sampling_rows
 
 from .forward import ThinkerDecode, ThinkerPrefill
 from .model import Qwen3Omni
@@ -52,7 +52,7 @@ class ThinkerStep:
         self._commit(works, self.graph(len(works), rows))
         return True
 
-    def run(self, works: list[ThinkerWork], lengths: list[int], kv: BatchKV | None, prefill: bool) -> None:
+    def run(self, works: list[ThinkerWork], lengths: list[int], prefill: bool) -> None:
         for call in self.prefill.calls(works, lengths):
             self._prefill(call)
 

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 from pathlib import Path
-
-import torch
 
 FULL_CONFIG = Path(__file__).parent / "configs" / "qwen3_omni_30b_a3b.json"
 
@@ -82,24 +79,3 @@ def thinker_only(config: dict) -> dict:
 
 
 PRESETS = {"tiny": lambda: tiny_config("a"), "tiny-thinker": lambda: thinker_only(tiny_config("a"))}
-
-
-def random_weights_(model: torch.nn.Module, seed: int = 0) -> None:
-    """Seeded random weights of a healthy scale, every parameter touched (norms and scales near 1,
-    biases and snake log-scales small, matrices ~ 1/sqrt(fan_in)). Works on ours and on transformers',
-    and in place on any device (a meta-built model moved with `to_empty` is filled on the GPU)."""
-    gens: dict[torch.device, torch.Generator] = {}
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            g = gens.setdefault(p.device, torch.Generator(device=p.device).manual_seed(seed))
-            leaf = name.rsplit(".", 1)[-1]
-            if p.dim() >= 2:
-                fan_in = p.shape[-1] if ".experts." in f".{name}" else p[0].numel()
-                value = torch.randn(p.shape, generator=g, device=p.device) / math.sqrt(max(1, fan_in))
-            elif leaf in ("alpha", "beta"):
-                value = torch.randn(p.shape, generator=g, device=p.device) * 0.1
-            elif leaf == "bias":
-                value = torch.randn(p.shape, generator=g, device=p.device) * 0.02
-            else:
-                value = 1.0 + 0.1 * torch.randn(p.shape, generator=g, device=p.device)
-            p.copy_(value.to(p.dtype))

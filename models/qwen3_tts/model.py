@@ -12,14 +12,14 @@ import torch
 from torch import nn
 
 from models.common.code2wav import Code2Wav
-from models.common.weights import load_weights
+from models.common.weights import load_weights, random_weights_
 
 from .codec import CodecDecoderConfig, SpeechTokenizerConfig, build_decoder, load_decoder
 from .config import TtsConfig
 from .speaker_encoder import SpeakerEncoder
 from .speech_tokenizer import SpeechTokenizer, load_encoder
 from .talker import Talker
-from .tiny import PRESETS, random_weights_, tiny_codec
+from .tiny import PRESETS, tiny_codec
 
 log = logging.getLogger(__name__)
 SPEECH_TOKENIZER = "speech_tokenizer"

@@ -8,37 +8,16 @@ conv is 'same' padded with reflection.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.common.mel import mel_filterbank
+
 RATE, N_FFT, HOP, MELS, FMAX = 24000, 1024, 256, 128, 12000
 
 
-def _hz_to_mel(f: torch.Tensor) -> torch.Tensor:
-    """Slaney's mel scale: linear below 1 kHz, logarithmic above."""
-    step = math.log(6.4) / 27.0
-    return torch.where(f >= 1000.0, 15.0 + torch.log(f.clamp(min=1e-10) / 1000.0) / step, f * 3.0 / 200.0)
-
-
-def _mel_to_hz(m: torch.Tensor) -> torch.Tensor:
-    step = math.log(6.4) / 27.0
-    return torch.where(m >= 15.0, 1000.0 * torch.exp(step * (m - 15.0)), m * 200.0 / 3.0)
-
-
-def mel_filters(rate: int = RATE, n_fft: int = N_FFT, mels: int = MELS, fmax: float = FMAX) -> torch.Tensor:
-    """[mels, n_fft / 2 + 1] triangular filters on Slaney's scale, area-normalized (as librosa's default)."""
-    pts = _mel_to_hz(torch.linspace(0.0, float(_hz_to_mel(torch.tensor(float(fmax), dtype=torch.float64))),
-                                    mels + 2, dtype=torch.float64))
-    freqs = torch.linspace(0, rate / 2, n_fft // 2 + 1, dtype=torch.float64)
-    diff = pts.diff()
-    ramps = pts[:, None] - freqs[None, :]
-    lower = -ramps[:-2] / diff[:-1, None]
-    upper = ramps[2:] / diff[1:, None]
-    weights = torch.clamp(torch.minimum(lower, upper), min=0.0)
-    return (weights * (2.0 / (pts[2:] - pts[:-2]))[:, None]).float()
+_MELS = torch.from_numpy(mel_filterbank(RATE, N_FFT, MELS, FMAX).T).float()  # [MELS, N_FFT // 2 + 1]
 
 
 def log_mel(wave: torch.Tensor) -> torch.Tensor:
@@ -48,7 +27,7 @@ def log_mel(wave: torch.Tensor) -> torch.Tensor:
     spec = torch.stft(y, N_FFT, hop_length=HOP, win_length=N_FFT, window=torch.hann_window(N_FFT, device=y.device),
                       center=False, return_complex=True)
     mag = torch.sqrt(torch.view_as_real(spec).pow(2).sum(-1) + 1e-9)
-    return torch.log((mel_filters().to(y.device) @ mag).clamp(min=1e-5))[0].T
+    return torch.log((_MELS.to(y.device) @ mag).clamp(min=1e-5))[0].T
 
 
 def _conv(cin: int, cout: int, kernel: int = 1, dilation: int = 1) -> nn.Conv1d:

@@ -5,9 +5,6 @@ ids, speakers and languages) with small sizes and seeded random weights, replies
 from __future__ import annotations
 
 import copy
-import math
-
-import torch
 
 from .spec import DEFAULTS
 
@@ -72,23 +69,6 @@ def tiny_generation() -> dict:
 
 def tiny_codec() -> dict:
     return copy.deepcopy(_CODEC)
-
-
-def random_weights_(model: torch.nn.Module, seed: int = 0) -> None:
-    """Seeded random weights of a healthy scale: matrices ~ 1/sqrt(fan_in), biases small, norms near 1."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            leaf = name.rsplit(".", 1)[-1]
-            if p.dim() >= 2:
-                value = torch.randn(p.shape, generator=g) / math.sqrt(max(1, p[0].numel()))
-            elif leaf in ("alpha", "beta"):
-                value = torch.randn(p.shape, generator=g) * 0.1
-            elif leaf == "bias":
-                value = torch.randn(p.shape, generator=g) * 0.02
-            else:
-                value = 1.0 + 0.1 * torch.randn(p.shape, generator=g)
-            p.copy_(value.to(p.dtype))
 
 
 PRESETS = {"tiny-tts": lambda: tiny_config("custom_voice")}
