@@ -215,7 +215,7 @@ def random_voice(device: str, dtype: str | None) -> object:
     """Qwen3-TTS 12Hz-1.7B-CustomVoice's sizes (the speech tokenizer's decoder: the reference config class's
     defaults) with seeded random weights made on `device`, as the voice of the replies."""
     from models.common.tokenizer import Tokenizer
-    from models.qwen3_omni.tiny import random_weights_
+    from models.common.weights import random_weights_
     from models.qwen3_tts.codec import DECODER_DEFAULTS, CodecDecoderConfig, build_decoder
     from models.qwen3_tts.config import TtsConfig
     from models.qwen3_tts.model import Qwen3Tts
