@@ -39,6 +39,7 @@ BYTES_PER_TOKEN = 4  # prompt text beyond 4 bytes per token of context is refuse
 class Qwen3OmniProgram(StagedProgram):
     def __init__(self, model: Qwen3Omni, tokenizer: Tokenizer, cfg: PipelineConfig) -> None:
         self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
+        self.ahead = {"turns": 0, "chunks_cached": 0}  # turns whose audio came encoded as it arrived
         self.device, self.dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
         caches = {name: PagedKVCache(layout) for name, layout in kv_layouts(model, cfg).items()}
         sc = cfg.stage
@@ -81,7 +82,8 @@ class Qwen3OmniProgram(StagedProgram):
             kv.truncate(session.kv_key, mark.kv_length)
 
     def extra_counters(self) -> dict:
-        return {"stream_slots": {n: self.steps[n].slots_in_use for n in ("talker", "code2wav") if n in self.steps}}
+        return {"stream_slots": {n: self.steps[n].slots_in_use for n in ("talker", "code2wav") if n in self.steps},
+                "audio_ahead": dict(self.ahead)}
 
     def _check_input(self, session: Session, turn: Turn) -> None:
         """Refuse text that is not Unicode, or a prompt that cannot fit, in time bounded by the limit."""
@@ -133,6 +135,9 @@ class Qwen3OmniProgram(StagedProgram):
             prompt = chat.Prompt(tuple(closing)) + chat.render_continuation(self.tokenizer, merge_tool_results(turns))
         if (total := len(session.ids) + len(prompt)) >= self.max_context:
             raise ContextTooLong(f"{total} tokens leave no room to reply in a {self.max_context}-token context")
+        ahead = [f for f in features if isinstance(f, AudioStream)]
+        self.ahead["turns"] += bool(ahead)
+        self.ahead["chunks_cached"] += sum(f.cached_chunks for f in ahead)  # encoded before the commit
         state = TurnState(
             turn.turn_id, session, opts, emit, self.tokenizer.stream_decoder(skip_special=True), im_end,
             self.steps["thinker"].tts, self.spec.output_rate, prompt_ids=list(prompt.ids),
