@@ -128,22 +128,18 @@ class InputStream:
         """The buffer so far at the model rate and its encoding (which `holds` it, or None). `last`: the buffer ends
         here and the encoding is handed over; else a fork of it, and the buffer goes on."""
         tail = self._resampler.tail()
-        ahead = self.ahead
-        if ahead is not None and not last:
-            try:
-                ahead = ahead.fork()
-            except Exception:
-                log.exception("forking the audio encoded ahead failed; the turn encodes its whole audio")
-                ahead = None
-        return torch.cat([*self._pieces, tail]), _feed(ahead, tail)
+        return torch.cat([*self._pieces, tail]), _feed(self.ahead, tail, fork=not last)
 
 
-def _feed(ahead: AudioAhead | None, x: torch.Tensor) -> AudioAhead | None:
-    """`ahead` with `x` pushed; None if that failed (encoding ahead is only a shortcut: the turn encodes it all)."""
-    if ahead is None or not len(x):
-        return ahead
+def _feed(ahead: AudioAhead | None, x: torch.Tensor, fork: bool = False) -> AudioAhead | None:
+    """`ahead` (or a fork of it) with `x` pushed; None if that failed (encoding ahead is only a shortcut: the turn
+    then encodes its whole audio)."""
+    if ahead is None:
+        return None
     try:
-        ahead.push(x)
+        ahead = ahead.fork() if fork else ahead
+        if len(x):
+            ahead.push(x)
         return ahead
     except Exception:
         log.exception("encoding audio ahead failed; the turn encodes its whole audio")

@@ -4,7 +4,6 @@ responses (item events: item_events.py, responses: responding.py)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -265,13 +264,13 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
             self._input_job = self._after_input(self.input.push, pcm)
 
     def _after_input(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
-        """`fn(*args)` on the audio worker once the input stream's queued work has run."""
+        """`fn(*args)` on the audio worker once the input stream's queued work has run (a failure there fails this:
+        a commit never gets audio with a piece missing)."""
         prev = self._input_job
 
         async def run() -> Any:
             if prev is not None:
-                with contextlib.suppress(Exception):
-                    await prev
+                await prev
             return await self._off(fn, *args)
 
         return asyncio.ensure_future(run())
