@@ -133,12 +133,9 @@ def resample(pcm: torch.Tensor, sr_in: int, sr_out: int) -> torch.Tensor:
 
 class StreamResampler:
     """Streaming `resample`: `push` returns the output samples whose inputs have all arrived, `tail()` the rest as if
-    the input ended now (without ending it). Pushes + tail concatenate to `resample` of the whole input.
-
-    Blocks of `_in` input -> `_out` output samples read the kernel's half-width either side: `_context` (>= that,
-    whole blocks) of history is kept and a block is computed once its right support has arrived, so every sample
-    sees the inputs of a one-shot resample (tests/test_pcm.py).
-    """
+    the input ended now (without ending it); they concatenate to `resample` of the whole input (to float rounding).
+    A block of `_in` -> `_out` samples is computed once its right support has arrived, with `_context` (>= the
+    kernel's half-width, whole blocks) of history kept: every sample sees the inputs of a one-shot resample."""
 
     def __init__(self, sr_in: int, sr_out: int) -> None:
         g = math.gcd(sr_in, sr_out)
@@ -160,8 +157,6 @@ class StreamResampler:
         return self._emit(max(0, (self._received - self._in - self._context) // self._in + 1) * self._out, True)
 
     def tail(self) -> torch.Tensor:
-        if self.sr_in == self.sr_out:
-            return torch.zeros(0)
         return self._emit(-(-self._received * self._out // self._in), False)
 
     def _emit(self, end: int, advance: bool) -> torch.Tensor:

@@ -12,6 +12,7 @@ import asyncio
 import base64
 import gc
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -194,26 +195,29 @@ def test_server_vad_turn_with_its_held_reply_gives_the_same_reply(pipeline, serv
     assert after["turns"] - before["turns"] == 1 and after["chunks_cached"] - before["chunks_cached"] >= 1
 
 
-def live_streams() -> int:
+def live_streams() -> list[AudioStream]:
     gc.collect()
-    return sum(type(o) is AudioStream for o in gc.get_objects())
+    return [o for o in gc.get_objects() if type(o) is AudioStream]
 
 
 def test_a_session_closed_mid_speech_releases_its_encoder(servers):
     """Audio encoded ahead but never committed is freed with the session."""
-    baseline = live_streams()
+    before = {id(s) for s in live_streams()}
 
-    async def go() -> int:
+    async def go() -> tuple[list[weakref.ref], list[int]]:
         async with client(servers[0]).realtime.connect(model="qwen3-omni") as conn:
             await open_session(conn)
             await append(conn, pcm_chunks(speech_like(2.0, 24000, 4)))
             await conn.session.update(session={"type": "realtime"})  # a round trip: the appends were handled
             await until(conn, "session.updated")
-            return live_streams()
+            await asyncio.sleep(0.5)  # the queued pushes run on the audio worker
+            streams = [s for s in live_streams() if id(s) not in before]
+            return [weakref.ref(s) for s in streams], [s.cached_chunks for s in streams]
 
-    during = asyncio.run(go())
-    assert during == baseline + 1
+    new, chunks = asyncio.run(go())
+    assert chunks == [1], chunks  # the session's buffer had one AudioStream, its first second encoded
     deadline = time.monotonic() + 10
-    while live_streams() > baseline:
+    while new[0]() is not None:
         assert time.monotonic() < deadline, "the closed session's AudioStream is still alive"
+        gc.collect()
         time.sleep(0.1)
