@@ -3,7 +3,8 @@
 The corpus (benchmarks/turn_corpus.py: espeak-ng speech, sox pink noise): every sentence whole and with one
 mid-sentence pause (300-900 ms, cycling), under pink noise at 10, 15 or 20 dB SNR (cycling). Each turn is one new
 session of `omni-realtime serve` (a child process), streamed as 20 ms appends of 24 kHz PCM16 in real time, with
-2 s of the same noise after the last word. Per turn:
+2 s of the same noise after the last word. The server encodes the input audio as it arrives unless
+`--no-encode-ahead` (the result's meta and summary say which, as the server's startup line reported it). Per turn:
 
 - eos_to_commit_ms: end of speech (when the append holding the last word was sent) -> the turn's final
   `input_audio_buffer.committed` (the one whose speech_stopped falls after the last word);
@@ -166,30 +167,35 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, default=None, help="a pickle of the corpus: read if it exists, else written")
     ap.add_argument("--full-random", action="store_true",
                     help="serve in this process the full-size model with random weights (benchmarks/bench_pipeline.py)")
+    ap.add_argument("--no-encode-ahead", action="store_true", help="the server encodes input audio at the commit")
     args = ap.parse_args()
     turns = cached_corpus(args.corpus)[:args.limit]
-    t = time.time()
     if args.full_random:
         from benchmarks.bench_pipeline import random_program
         from pipelines.pipeline import Pipeline
         from realtime.server import ServerConfig
+        from realtime.session import Limits
         from tests.loopback import running
 
         _, program = random_program(False, args.device, None)
-        with Pipeline(program) as pipeline, running(pipeline, ServerConfig()) as (base, _):
-            url = base.replace("http", "ws", 1) + "/realtime"
+        limits = Limits(encode_ahead=not args.no_encode_ahead)
+        with Pipeline(program) as pipeline, running(pipeline, ServerConfig(limits=limits)) as (base, _):
+            url, ahead, t = base.replace("http", "ws", 1) + "/realtime", limits.encode_ahead, time.time()
             res = asyncio.run(bench(url, args.modes.split(","), args.timeout_s, turns))
     else:
-        with serve("--model", args.model, "--device", args.device, timeout=300) as served:
+        flags = ["--no-encode-ahead"] if args.no_encode_ahead else []
+        with serve("--model", args.model, "--device", args.device, *flags, timeout=300) as served:
             url = served.url.replace("http", "ws", 1).rstrip("/") + "/v1/realtime"
+            ahead = served.wait_for(lambda r: r.get("message") == "serving")["encode_ahead"]  # as the server says
+            t = time.time()
             res = asyncio.run(bench(url, args.modes.split(","), args.timeout_s, turns))
     res["meta"] = {"model": "full-size random" if args.full_random else args.model, "device": args.device,
                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t)), "command": " ".join(sys.argv),
-                   "presets": "realtime/turn_presets.py"}
+                   "presets": "realtime/turn_presets.py", "encode_ahead": ahead}
     text = json.dumps(res, indent=1)
     if args.out:
         args.out.write_text(text)
-    print(json.dumps({m: res[m]["summary"] for m in args.modes.split(",")}, indent=1))
+    print(json.dumps({"encode_ahead": ahead, **{m: res[m]["summary"] for m in args.modes.split(",")}}, indent=1))
 
 
 if __name__ == "__main__":

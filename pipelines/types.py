@@ -35,6 +35,8 @@ class AudioAhead(Protocol):
 
     def holds(self, audio: torch.Tensor) -> bool: ...
 
+    def fork(self) -> AudioAhead: ...
+
 
 @dataclass(frozen=True)
 class Message:

@@ -1,9 +1,9 @@
 """OpenAI Realtime GA audio formats: `audio/pcm` (PCM16 LE, 24 kHz), `audio/pcmu` and `audio/pcma` (G.711, 8 kHz),
-and the streaming output encoder and time stretch."""
+the streaming input resampler, output encoder and time stretch."""
 
 from __future__ import annotations
 
-import math
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -11,7 +11,11 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from .pcm import float_to_g711, float_to_pcm16, g711_to_float, half_width, pcm16_to_float, resample
+from pipelines.types import AudioAhead
+
+from .pcm import StreamResampler, float_to_g711, float_to_pcm16, g711_to_float, pcm16_to_float, resample
+
+log = logging.getLogger(__name__)
 
 _RATES = {"audio/pcm": 24000, "audio/pcmu": 8000, "audio/pcma": 8000}  # the wire formats' rates (the protocol's)
 _LAW: dict[str, Literal["ulaw", "alaw"]] = {"audio/pcmu": "ulaw", "audio/pcma": "alaw"}
@@ -89,55 +93,57 @@ def encode(pcm: np.ndarray | torch.Tensor, fmt: AudioFormat, rate: int) -> bytes
 
 
 class OutputEncoder:
-    """Streaming `encode`: `push` chunks, then `flush` once; the bytes concatenate to `encode(whole signal)`.
-
-    The resampler works in blocks of `_in` input -> `_out` output samples, each reading the kernel's half-width
-    either side. `_context` (>= that, whole blocks) of history is kept and a block is emitted only once its right
-    support has arrived, so every sample sees the inputs of a one-shot resample: no chunk-edge clicks
-    (tests/test_realtime_audio.py: identical bytes for chunks of 1 to 2000 samples).
-    """
+    """Streaming `encode`: `push` chunks, then `flush` once; the bytes concatenate to `encode(whole signal)` (no
+    chunk-edge clicks: tests/test_realtime_audio.py gives identical bytes for chunks of 1 to 2000 samples)."""
 
     def __init__(self, fmt: AudioFormat, rate: int) -> None:
         self.fmt, self.rate = fmt, rate
-        g = math.gcd(rate, fmt.rate)
-        self._in, self._out = rate // g, fmt.rate // g
-        self._context = -(-half_width(rate, fmt.rate) // self._in) * self._in
-        self.reset()
-
-    def reset(self) -> None:
-        self._buf = torch.zeros(self._context)  # input samples from absolute time _start on (zeros before 0)
-        self._start = -self._context
-        self._received = 0
-        self._next = 0  # next output sample to emit
+        self._resampler = StreamResampler(rate, fmt.rate)
 
     def push(self, pcm: np.ndarray | torch.Tensor) -> bytes:
-        x = _tensor(pcm)
-        if self.rate == self.fmt.rate:
-            return _codec(x, self.fmt)
-        self._buf = torch.cat([self._buf, x])
-        self._received += len(x)
-        blocks = max(0, (self._received - self._in - self._context) // self._in + 1)
-        return self._emit(blocks * self._out)
+        y = self._resampler.push(_tensor(pcm))
+        return _codec(y, self.fmt) if len(y) else b""
 
     def flush(self) -> bytes:
         """The held-back tail; the encoder is then ready for a new signal."""
-        out = b"" if self.rate == self.fmt.rate else self._emit(-(-self._received * self._out // self._in))
-        self.reset()
-        return out
+        y = self._resampler.tail()
+        self._resampler.reset()
+        return _codec(y, self.fmt) if len(y) else b""
 
-    def _emit(self, end: int) -> bytes:
-        if end <= self._next:
-            return b""
-        a, b, c = self._in, self._out, self._context
-        first = self._next // b  # the first block to compute
-        lo = a * first - c - self._start
-        hi = min(self._received, a * -(-end // b) + c) - self._start
-        skip = c // a * b + self._next - first * b
-        y = resample(self._buf[lo:hi], self.rate, self.fmt.rate)[skip : skip + end - self._next]
-        self._next = end
-        keep = a * (end // b) - c - self._start
-        self._buf, self._start = self._buf[keep:], self._start + keep
-        return _codec(y, self.fmt)
+
+class InputStream:
+    """One input buffer resampled to the model's `rate` as it arrives (`to_model_rate` streamed: what a commit holds),
+    and the model's encoding of it (`ahead`: Pipeline.audio_ahead(), or None). Calls come from one thread at a time."""
+
+    def __init__(self, fmt: AudioFormat, rate: int, ahead: AudioAhead | None) -> None:
+        self.fmt, self.ahead = fmt, ahead
+        self._resampler = StreamResampler(fmt.rate, rate)
+        self._pieces: list[torch.Tensor] = []
+
+    def push(self, pcm: torch.Tensor) -> None:
+        self._pieces.append(self._resampler.push(pcm))
+        self.ahead = _feed(self.ahead, self._pieces[-1])
+
+    def take(self, last: bool) -> tuple[torch.Tensor, AudioAhead | None]:
+        """The buffer so far at the model rate and its encoding (which `holds` it, or None). `last`: the buffer ends
+        here and the encoding is handed over; else a fork of it, and the buffer goes on."""
+        tail = self._resampler.tail()
+        return torch.cat([*self._pieces, tail]), _feed(self.ahead, tail, fork=not last)
+
+
+def _feed(ahead: AudioAhead | None, x: torch.Tensor, fork: bool = False) -> AudioAhead | None:
+    """`ahead` (or a fork of it) with `x` pushed; None if that failed (encoding ahead is only a shortcut: the turn
+    then encodes its whole audio)."""
+    if ahead is None:
+        return None
+    try:
+        ahead = ahead.fork() if fork else ahead
+        if len(x):
+            ahead.push(x)
+        return ahead
+    except Exception:
+        log.exception("encoding audio ahead failed; the turn encodes its whole audio")
+        return None
 
 
 class TimeStretch:

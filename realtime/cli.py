@@ -95,6 +95,8 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--allowed-origins", default="",
                        help="comma-separated browser origins allowed besides the server's own host, or '*'")
     serve.add_argument("--max-sessions-per-client", type=int, default=16, help="sessions per client address")
+    serve.add_argument("--no-encode-ahead", action="store_true", help="encode input audio at the commit, not as it "
+                       "arrives (for comparisons)")
     serve.add_argument("--drain-seconds", type=float, default=30.0,
                        help="on SIGTERM: turn not-ready, refuse new sessions (1013), let open ones run this long, "
                             "then close the rest (1001) and exit 0; a second signal stops at once")
@@ -235,6 +237,8 @@ def tls(args: argparse.Namespace) -> ssl.SSLContext | None:
 
 
 def serve(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from .drain import DrainConfig
     from .security import Gate
     from .server import ServerConfig, run
@@ -265,11 +269,12 @@ def serve(args: argparse.Namespace) -> int:
     pipeline = build(args)
     limits = Limits(max_text_tokens=TINY_REPLY_TOKENS, max_frames=TINY_REPLY_FRAMES) \
         if args.model == pipeline.spec.tiny else Limits()
+    limits = replace(limits, encode_ahead=not args.no_encode_ahead and pipeline.audio_ahead() is not None)
     cfg = ServerConfig(model_name=args.model_name, api_key=key or None, max_sessions=args.max_sessions,
                        max_session_s=args.max_session_minutes * 60, limits=limits, bind_host=args.host,
                        allowed_origins=origins, max_sessions_per_client=args.max_sessions_per_client,
                        drain=DrainConfig(args.drain_seconds, args.drain_notice_seconds), data_dir=args.data_dir)
-    startup_line(args, sock, ssl_context is not None)
+    startup_line(args, sock, ssl_context is not None, limits.encode_ahead)
     run(pipeline, cfg, sock, ssl_context)
     return 0
 
@@ -292,14 +297,14 @@ def demo_host(args: argparse.Namespace) -> str:
         return "::1" if family == socket.AF_INET6 else "127.0.0.1"
 
 
-def startup_line(args: argparse.Namespace, sock: socket.socket, https: bool) -> None:
+def startup_line(args: argparse.Namespace, sock: socket.socket, https: bool, encode_ahead: bool) -> None:
     port = sock.getsockname()[1]
     host = demo_host(args)
     host = f"[{host}]" if ":" in host else host
     device = args.device or default_device()
     logs.event("serving", demo=f"{'https' if https else 'http'}://{host}:{port}/", model=args.model,
                device=device, dtype=args.dtype or ("bfloat16" if device.startswith("cuda") else "float32"),
-               api_key="required" if args.api_key else "none", version=package_version())
+               api_key="required" if args.api_key else "none", version=package_version(), encode_ahead=encode_ahead)
     if not https and args.host not in ("127.0.0.1", "localhost", "::1"):
         logs.event("no_tls", logging.WARNING, note="browsers on other machines may use the microphone only over "
                    "HTTPS: add --ssl-certfile/--ssl-keyfile")

@@ -53,6 +53,8 @@ class EarlyReply:
 
     def _adopt(self, plan: Plan) -> None:
         """The pipeline session now holds the plan's items."""
+        for item in self.conversation.items:  # their turn has taken what was encoded ahead
+            item.ahead = None
         if not plan.reuse:
             self.pipeline.end_session(self.pipe_session)
             self.pipe_session = plan.session
@@ -67,11 +69,11 @@ class EarlyReply:
         if self.buffer_ms < self.min_commit_ms:
             return
         chunks, item_id = len(self.buffer), self.speech_item
-        audio = await self._buffer_audio()
+        audio, ahead = await self._buffer_audio(last=False)
         if len(self.buffer) != chunks or self.speech_item != item_id or self.response is not None \
                 or self.held is not None:
             return  # the buffer or the turn moved on while it was resampled
-        item = user_audio_item(item_id, audio)
+        item = user_audio_item(item_id, audio, ahead)
         cfg = self._response_config({})
         plan = self._plan(cfg, self._context() + [item])
         turn = Turn(plan.session, plan.messages, self._turn_options(cfg))

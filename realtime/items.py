@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipelines.types import Message, ToolCall
+from pipelines.types import AudioAhead, Message, ToolCall
 
 from .audio import AudioFormat, decode, to_model_rate
 from .protocol import ProtocolError, clip, new_id
@@ -22,6 +22,7 @@ class Item:
     turn_id: str | None = None  # the pipeline turn that wrote an assistant item
     audio_ms: int = 0  # assistant audio sent so far
     speed: float = 1.0  # of that audio: the model's audio time is audio_ms * speed
+    ahead: AudioAhead | None = None  # user audio encoded as it arrived, until a turn takes it
 
     @property
     def id(self) -> str:
@@ -55,10 +56,10 @@ class Conversation:
         self.items.remove(self.get(item_id))
 
 
-def user_audio_item(item_id: str, audio: torch.Tensor) -> Item:
+def user_audio_item(item_id: str, audio: torch.Tensor, ahead: AudioAhead | None = None) -> Item:
     data = {"id": item_id, "object": "realtime.item", "type": "message", "role": "user", "status": "completed",
             "content": [{"type": "input_audio", "transcript": None}]}
-    return Item(data, audio=audio)
+    return Item(data, audio=audio, ahead=ahead)
 
 
 def item_from_client(raw: dict, input_format: AudioFormat, rate: int) -> Item:
@@ -139,5 +140,5 @@ def to_messages(items: list[Item]) -> list[Message]:
             else:
                 out.append(Message("assistant", "", tool_calls=(call,)))
         else:
-            out.append(Message(d["role"], item_text(item), item.audio))
+            out.append(Message(d["role"], item_text(item), item.audio, ahead=item.ahead))
     return out

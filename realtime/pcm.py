@@ -1,4 +1,5 @@
-"""PCM16 and G.711 codecs and band-limited resampling: wire audio to and from float samples at any rate."""
+"""PCM16 and G.711 codecs and band-limited resampling (whole or streamed): wire audio to and from float samples at any
+rate."""
 
 from __future__ import annotations
 
@@ -128,3 +129,47 @@ def resample(pcm: torch.Tensor, sr_in: int, sr_out: int) -> torch.Tensor:
     y = F.conv1d(x, taps, stride=orig).transpose(1, 2).reshape(x.shape[0], -1)
     out_len = -(-n * new // orig)
     return y[:, :out_len].reshape(*pcm.shape[:-1], out_len).to(dtype)
+
+
+class StreamResampler:
+    """Streaming `resample`: `push` returns the output samples whose inputs have all arrived, `tail()` the rest as if
+    the input ended now (without ending it); they concatenate to `resample` of the whole input (to float rounding).
+    A block of `_in` -> `_out` samples is computed once its right support has arrived, with `_context` (>= the
+    kernel's half-width, whole blocks) of history kept: every sample sees the inputs of a one-shot resample."""
+
+    def __init__(self, sr_in: int, sr_out: int) -> None:
+        g = math.gcd(sr_in, sr_out)
+        self.sr_in, self.sr_out, self._in, self._out = sr_in, sr_out, sr_in // g, sr_out // g
+        self._context = -(-half_width(sr_in, sr_out) // self._in) * self._in
+        self.reset()
+
+    def reset(self) -> None:
+        self._buf = torch.zeros(self._context)  # input samples from absolute time _start on (zeros before 0)
+        self._start = -self._context
+        self._received = 0
+        self._next = 0  # next output sample to emit
+
+    def push(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sr_in == self.sr_out:
+            return x
+        self._buf = torch.cat([self._buf, x])
+        self._received += len(x)
+        return self._emit(max(0, (self._received - self._in - self._context) // self._in + 1) * self._out, True)
+
+    def tail(self) -> torch.Tensor:
+        return self._emit(-(-self._received * self._out // self._in), False)
+
+    def _emit(self, end: int, advance: bool) -> torch.Tensor:
+        if end <= self._next:
+            return torch.zeros(0)
+        a, b, c = self._in, self._out, self._context
+        first = self._next // b  # the first block to compute
+        lo = a * first - c - self._start
+        hi = min(self._received, a * -(-end // b) + c) - self._start
+        skip = c // a * b + self._next - first * b
+        y = resample(self._buf[lo:hi], self.sr_in, self.sr_out)[skip : skip + end - self._next]
+        if advance:
+            self._next = end
+            keep = a * (end // b) - c - self._start
+            self._buf, self._start = self._buf[keep:], self._start + keep
+        return y

@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 from pipelines.pipeline import Pipeline
+from pipelines.types import AudioAhead
 
-from .audio import AudioFormat, to_model_rate
+from .audio import AudioFormat, InputStream, to_model_rate
 from .capabilities import check_config
 from .early_reply import EarlyReply
 from .input_audio import AppendRate, decode_append
@@ -55,6 +56,7 @@ class Limits:
     max_appends_per_s: float = 500.0  # sustained append rate; bursts up to append_burst
     append_burst: int = 1000
     max_items: int = 4096  # conversation items kept per session
+    encode_ahead: bool = True  # encode input audio as it arrives (where the model can: Pipeline.audio_ahead)
 
 
 class RealtimeSession(EarlyReply, ItemEvents, Responding):
@@ -78,6 +80,8 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
         self.buffer: list[torch.Tensor] = []  # input audio at the input format's rate
         self.buffer_ms = 0.0
         self.buffer_bytes = 0
+        self.input: InputStream | None = None  # the buffer at the model rate, as it arrives
+        self._input_job: asyncio.Future | None = None  # the last of its work queued on the audio worker
         self.clock_ms = 0.0  # all input audio of the session (the VAD's and the protocol's time line)
         self.vad: ServerVad | None = None
         self.speech_item: str | None = None
@@ -104,6 +108,7 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
         for t in list(self.background):
             t.cancel()
         self._discard_held()
+        self._clear_buffer()
         self.pipeline.end_session(self.pipe_session)
 
     # -- client events -----------------------------------------------------------------------------
@@ -157,6 +162,7 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
             self._arm_idle = arm if self._arm_idle is None else self._arm_idle  # armed by the next good append
             raise
         self.buffer.append(pcm)
+        self._stream_input(pcm, fmt)
         ms = len(pcm) * 1000 / fmt.rate
         self.buffer_ms += ms
         self.buffer_bytes += pcm.numel() * 4
@@ -212,11 +218,13 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
             self._clear_buffer()
             return False
         item = self._held_item(item_id)  # made from this very buffer at EndLikely
-        audio = self._buffer_audio() if item is None else None
+        audio = self._buffer_audio(last=True) if item is None else None
         self._clear_buffer()
         if item is None:
-            item = user_audio_item(item_id, await audio)
+            item = user_audio_item(item_id, *await audio)
         self.committed_at = time.perf_counter()
+        for old in self.conversation.items:  # only the newest item's audio waits encoded ahead
+            old.ahead = None
         prev = self.conversation.insert(item)
         self.send({"type": "input_audio_buffer.committed", "previous_item_id": prev, "item_id": item_id})
         self._echo(prev, item)
@@ -231,6 +239,7 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
 
     def _clear_buffer(self, restart_vad: bool = False) -> None:
         self.buffer, self.buffer_ms, self.buffer_bytes = [], 0.0, 0
+        self.input = self._input_job = None  # queued work on it ends on its own
         if restart_vad and self.vad is not None:
             self.vad.reset(int(self.clock_ms))
 
@@ -244,10 +253,35 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
             if self.response is None:  # the timer runs from now: the session's start, or this update
                 self.vad.arm_idle(int(self.clock_ms))
 
-    def _buffer_audio(self) -> Awaitable[torch.Tensor]:
-        """The input buffer as it is now, resampled to the model's input rate on the audio worker."""
+    def _stream_input(self, pcm: torch.Tensor, fmt: AudioFormat) -> None:
+        """Resample the new audio (and encode it ahead) on the audio worker, in order, not holding up the appends."""
+        if len(self.buffer) == 1 and self.pipeline.spec.input_rate:  # a new buffer
+            ahead = self.pipeline.audio_ahead() if self.limits.encode_ahead and not self.transcribing else None
+            self.input = InputStream(fmt, self.pipeline.spec.input_rate, ahead)
+        if self.input is not None and self.input.fmt != fmt:  # the format changed: resampled whole at the commit
+            self.input = None
+        if self.input is not None:
+            self._input_job = self._after_input(self.input.push, pcm)
+
+    def _after_input(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+        """`fn(*args)` on the audio worker once the input stream's queued work has run (a failure there fails this:
+        a commit never gets audio with a piece missing)."""
+        prev = self._input_job
+
+        async def run() -> Any:
+            if prev is not None:
+                await prev
+            return await self._off(fn, *args)
+
+        return asyncio.ensure_future(run())
+
+    def _buffer_audio(self, last: bool) -> Awaitable[tuple[torch.Tensor, AudioAhead | None]]:
+        """The input buffer as it is now at the model's input rate, and its encoding so far (InputStream.take)."""
+        if self.input is not None:
+            self._input_job = self._after_input(self.input.take, last)
+            return self._input_job
         buffer, fmt = list(self.buffer), self.input_format
-        return self._off(lambda: to_model_rate(torch.cat(buffer), fmt, self.pipeline.spec.input_rate))
+        return self._off(lambda: (to_model_rate(torch.cat(buffer), fmt, self.pipeline.spec.input_rate), None))
 
     # -- input transcription, by the model itself, in the background -------------------------------------
     def _transcribe(self, item: Item) -> None:

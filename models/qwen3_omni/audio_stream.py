@@ -9,6 +9,8 @@ So `finish()` computes only the tail and returns what `log_mel` + the encoder gi
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 
@@ -66,6 +68,12 @@ class AudioStream:
             floor = float(raw.amax() - 8.0)
             features = (torch.maximum(raw, raw.amax() - 8.0) + 4.0) / 4.0
             return features, self._encode(features, raw, floor)
+
+    def fork(self) -> AudioStream:
+        """A copy that goes on (push, finish) on its own; this one is unchanged."""
+        twin = copy.copy(self)
+        twin.buffer, twin.chunks, twin.windows = self.buffer[: self.n].clone(), list(self.chunks), list(self.windows)
+        return twin
 
     def holds(self, audio: torch.Tensor) -> bool:
         return audio.numel() == self.n and torch.equal(audio.float().reshape(-1).cpu(), self.buffer[: self.n])

@@ -41,6 +41,7 @@ class Qwen3OmniProgram(StagedProgram):
     def __init__(self, model: Qwen3Omni, tokenizer: Tokenizer, cfg: PipelineConfig, voice: Voice | None = None) -> None:
         """`voice`: another model's talker and codec speak the replies, in place of this model's own."""
         self.model, self.tokenizer, self.cfg, self.voice = model, tokenizer, cfg, voice
+        self.ahead = {"turns": 0, "chunks_cached": 0}  # turns whose audio came encoded as it arrived
         self.device, self.dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
         if voice is not None:
             voice.reads(tokenizer.backend.get_vocab(with_added_tokens=True))
@@ -92,7 +93,8 @@ class Qwen3OmniProgram(StagedProgram):
             kv.truncate(session.kv_key, mark.kv_length)
 
     def extra_counters(self) -> dict:
-        return {"stream_slots": {n: self.steps[n].slots_in_use for n in ("talker", "code2wav") if n in self.steps}}
+        return {"stream_slots": {n: self.steps[n].slots_in_use for n in ("talker", "code2wav") if n in self.steps},
+                "audio_ahead": dict(self.ahead)}
 
     def _check_input(self, session: Session, turn: Turn) -> None:
         """Refuse text that is not Unicode, or a prompt that cannot fit, in time bounded by the limit."""
@@ -144,6 +146,9 @@ class Qwen3OmniProgram(StagedProgram):
             prompt = chat.Prompt(tuple(closing)) + chat.render_continuation(self.tokenizer, merge_tool_results(turns))
         if (total := len(session.ids) + len(prompt)) >= self.max_context:
             raise ContextTooLong(f"{total} tokens leave no room to reply in a {self.max_context}-token context")
+        ahead = [f for f in features if isinstance(f, AudioStream)]
+        self.ahead["turns"] += bool(ahead)
+        self.ahead["chunks_cached"] += sum(f.cached_chunks for f in ahead)  # encoded before the commit
         state = TurnState(
             turn.turn_id, session, opts, emit, self.tokenizer.stream_decoder(skip_special=True), im_end,
             self.steps["thinker"].tts, self.spec.output_rate, prompt_ids=list(prompt.ids),
