@@ -123,7 +123,7 @@ class EndWithdrawn:
 
 
 VadEvent = SpeechStarted | SpeechStopped | IdleTimeout | EndLikely | EndWithdrawn
-LIKELY_END_MS = 160  # server_vad: a pause this long is a likely end (the candidate pause of SGLang-Omni's presets)
+LIKELY_END_MS = 160  # the longest pause before a likely end (the candidate pause of SGLang-Omni's presets)
 
 
 class ServerVad:
@@ -226,8 +226,10 @@ class ServerVad:
 
     @property
     def _likely_ms(self) -> int:
-        """Pause after which the end is likely: Smart Turn's candidate pause, or LIKELY_END_MS."""
-        return self.eagerness.candidate_ms if self.semantic and self.eagerness else LIKELY_END_MS
+        """Pause after which the end is likely: two frames before the first decision (Smart Turn's first look,
+        or the end of the silence window), so that a held reply has a head start; at most LIKELY_END_MS."""
+        decide = self.eagerness.candidate_ms if self.semantic and self.eagerness else self.cfg.silence_duration_ms
+        return max(FRAME_MS, min(LIKELY_END_MS, decide - 2 * FRAME_MS))
 
     def _turn_ends(self) -> bool:
         """Whether the pause of `self._run` silence frames ends the turn."""
