@@ -1,8 +1,8 @@
 """Paged KV cache: fixed-size blocks in one preallocated pool per layer, a block table per sequence.
 
 A sequence (a session's conversation, or a stream of a later stage) owns a list of blocks; its token i lives
-in slot `blocks[i // block_size] * block_size + i % block_size`. Its batch views (`BatchKV` here, kv_views.py's
-fixed-shape ones) implement models.common.layers.KVCache.
+in slot `blocks[i // block_size] * block_size + i % block_size`. Its batch views (kv_views.py's fixed-shape
+ones) implement models.common.layers.KVCache.
 """
 
 from __future__ import annotations
@@ -120,39 +120,3 @@ class PagedKVCache:
         blocks = torch.tensor(self.seqs[seq].blocks, dtype=torch.long)
         pos = torch.arange(start, end)
         return blocks[pos // self.layout.block_size] * self.layout.block_size + pos % self.layout.block_size
-
-    def batch(self, rows: list[tuple[str, int]]) -> BatchKV:
-        """A view for one forward over `rows` = [(seq, new_tokens)]."""
-        return BatchKV(self, rows)
-
-
-class BatchKV:
-    """A padded batch: row r has past_r cached tokens and n_r new ones. Indices are built on the host per step."""
-
-    def __init__(self, cache: PagedKVCache, rows: list[tuple[str, int]]) -> None:
-        self.cache = cache
-        dev = cache.layout.device
-        past = [cache.length(s) for s, _ in rows]
-        new = [n for _, n in rows]
-        t, total = max(new), max(p + n for p, n in zip(past, new, strict=True))
-        self.write_slots = torch.cat([cache.slots(s, p, p + n) for (s, n), p in zip(rows, past, strict=True)]).to(dev)
-        qpos = torch.arange(t)
-        valid = qpos[None, :] < torch.tensor(new)[:, None]  # [B, T]
-        self.new_rows = valid.reshape(-1).nonzero().squeeze(1).to(dev)  # flat [B*T] index of real tokens
-        read = torch.zeros(len(rows), total, dtype=torch.long)
-        for r, ((s, n), p) in enumerate(zip(rows, past, strict=True)):
-            read[r, : p + n] = cache.slots(s, 0, p + n)
-            read[r, p + n :] = read[r, 0]  # padding reads the row's own slot: another row's NaN never leaks in
-        self.read_slots = read.to(dev)
-        kpos = torch.arange(total)[None, None, :]
-        query_at = torch.tensor(past)[:, None, None] + qpos[None, :, None]
-        lengths = torch.tensor([p + n for p, n in zip(past, new, strict=True)])[:, None, None]
-        self.mask = ((kpos <= query_at) & (kpos < lengths))[:, None].to(dev)  # [B, 1, T, L]
-        self.positions = (torch.tensor(past)[:, None] + qpos[None, :]).to(dev)  # [B, T]
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        kc, vc = self.cache.k[layer], self.cache.v[layer]
-        b, t = q.shape[:2]
-        kc[self.write_slots] = k.reshape(b * t, *k.shape[2:])[self.new_rows].to(kc.dtype)
-        vc[self.write_slots] = v.reshape(b * t, *v.shape[2:])[self.new_rows].to(vc.dtype)
-        return sdpa(q, kc[self.read_slots].to(q.dtype), vc[self.read_slots].to(q.dtype), self.mask, scale)

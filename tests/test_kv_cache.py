@@ -3,6 +3,7 @@ import torch
 
 from models.common.layers import attention
 from pipelines.kv_cache import KVLayout, OutOfBlocks, PagedKVCache
+from tests.batch_kv import BatchKV
 
 
 def layout(blocks=8, bs=4):
@@ -49,7 +50,7 @@ def test_batched_paged_attention_equals_dense_per_row():
     full = {s: (torch.randn(1, n + 3, kvh, d), torch.randn(1, n + 3, kvh, d)) for s, n in history.items()}
     for s, n in history.items():
         c.reserve(s, n)
-        view = c.batch([(s, n)])
+        view = BatchKV(c, [(s, n)])
         k, v = full[s][0][:, :n], full[s][1][:, :n]
         view.attend(0, torch.randn(1, n, heads, d), k, v, 0.3)
         c.commit(s, n)
@@ -62,7 +63,7 @@ def test_batched_paged_attention_equals_dense_per_row():
         p = history[s]
         k[r, :n], v[r, :n] = full[s][0][0, p : p + n], full[s][1][0, p : p + n]
         c.reserve(s, n)
-    view = c.batch(list(news.items()))
+    view = BatchKV(c, list(news.items()))
     out = view.attend(0, q, k, v, 0.3)
     for r, (s, n) in enumerate(news.items()):
         p = history[s]

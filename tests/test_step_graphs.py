@@ -14,6 +14,7 @@ from pipelines.graphs import GraphRunner, bucket_for
 from pipelines.kv_cache import KVLayout, PagedKVCache
 from pipelines.paged_attention import paged_decode_attention
 from pipelines.sampling import Sampler, SamplingParams, sampling_rows
+from tests.batch_kv import BatchKV
 
 LENGTHS = [5, 17, 1, 33, 9]  # cached tokens per row, across block boundaries
 SAMPLED = SamplingParams(temperature=0.9, top_k=7, top_p=0.8, repetition_penalty=1.05, seed=3)
@@ -31,7 +32,7 @@ def prefilled(model, text_cfg, embed, lengths: list[int]) -> tuple[PagedKVCache,
     for i, n in enumerate(lengths):
         key = f"s{i}"
         cache.reserve(key, n)
-        view = cache.batch([(key, n)])
+        view = BatchKV(cache, [(key, n)])
         with torch.inference_mode():
             embed(torch.randn(1, n, text_cfg.hidden_size, generator=torch.Generator().manual_seed(i)), view)
         cache.commit(key, n)
@@ -41,7 +42,7 @@ def prefilled(model, text_cfg, embed, lengths: list[int]) -> tuple[PagedKVCache,
 
 
 def reference_decode(stack, cache: PagedKVCache, keys: list[str], x: torch.Tensor) -> torch.Tensor:
-    view = cache.batch([(k, 1) for k in keys])
+    view = BatchKV(cache, [(k, 1) for k in keys])
     out = stack(x, view.positions, view)
     return out[0] if isinstance(out, tuple) else out
 
