@@ -404,7 +404,8 @@ def test_barge_in_cuts_the_bubble_to_what_was_heard(pipeline, chromium: str, two
     """The second burst of speech talks over the first reply: playback stops, the page truncates the item at
     what it played, and the bubble shows the server's transcript of that part only."""
     t0 = time.monotonic()
-    cfg = ServerConfig(limits=Limits(max_text_tokens=24, max_frames=50, transcription_tokens=4))
+    # more text than 50 frames (4 s) can speak: whenever the user cuts in, less was heard than was written
+    cfg = ServerConfig(limits=Limits(max_text_tokens=120, max_frames=50, transcription_tokens=4))
     with serve_and_browse(pipeline, cfg, chromium, two_turns_wav, tmp_path / "profile") as browser:
         page = browser.page
         browser.button("Connect").click()
@@ -434,7 +435,8 @@ def test_barge_in_cuts_the_bubble_to_what_was_heard(pipeline, chromium: str, two
         assert len(heard) < len(full), (heard, full)  # cut: less than was generated
         assert "interrupted" in bubble.get_attribute("class")
         events = [e for e in browser.state()["demo"]["events"] if "delta" not in e]
-        assert page.locator(".turn.assistant").count() == 2, events  # and the interruption got its own answer
+        # and the interruption got its own answer (two, when a starved CPU stretches a pause in it past 500 ms)
+        assert page.locator(".turn.assistant").count() in (2, 3), events
     print(f"barge-in in the browser: {time.monotonic() - t0:.1f} s (heard {cut['audio_end_ms']} ms)")
 
 
