@@ -8,8 +8,12 @@ reads exactly the same model in the same device call (`bench_speech.py --model D
 qwen-tts does not stream: `generate_custom_voice` returns the whole waveform, so its time to first audio is
 the whole call. Random weights never emit EOS, so every reply runs to `--frames` codec frames.
 
-  PYTHONPATH=REF_SITE python benchmarks/tts_reference_bench.py --out DIR --tokenizer TOKDIR   # on a GPU
+  . benchmarks/tts_reference_env/setup.sh        # on the GPU machine, then:
+  PYTHONPATH=$REFPATH python3 benchmarks/tts_reference_bench.py --out DIR --tokenizer TOKDIR
   .venv-qwen-tts/bin/python benchmarks/tts_reference_bench.py --tiny --device cpu --out /tmp/t --tokenizer TOKDIR
+
+TOKDIR holds the published repos' tokenizer files (vocab.json, merges.txt, tokenizer_config.json), e.g. written by
+`tests.reference_paths.save_tokenizer(Tokenizer.builtin(), TOKDIR)` without its tokenizer.json.
 """
 
 from __future__ import annotations
