@@ -1,5 +1,5 @@
-"""A voice: one model's talker and codec stages speaking the replies another model writes, reading each reply
-token as it is made (models/registry.py pairs them; the writer runs the voice's stages in place of its own)."""
+"""A voice: one model's speaking stages (frame LM and codec) voicing the replies another model writes, reading
+each reply token as it is made (models/registry.py pairs them; the writer runs these stages in place of its own)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ class Reply(Protocol):
     talker_done, audio: models/common/speaking.py) and read its resolved `options` (sampling, max_frames)."""
 
     reply_ids: list[int]  # the reply's tokens so far
-    thinker_done: bool  # no token follows
+    reply_done: bool  # no token follows
     speaking: bool  # False: this reply is not spoken (a tool call)
 
 

@@ -89,6 +89,11 @@ class TurnState(SpeakingState):
     t_first_text: float | None = None
     t_first_audio: float | None = None
 
+    @property
+    def reply_done(self) -> bool:
+        """The reply has all its tokens (what a voice reads: pipelines/voice.py)."""
+        return self.thinker_done
+
     def urgency(self) -> float:
         """Seconds of audio the listener still has buffered; before the first audio, minus the time the
         listener has been waiting for it."""

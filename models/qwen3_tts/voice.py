@@ -80,7 +80,7 @@ class VoiceWork(FrameWork):
         """Reply tokens that are text: all but a final <|im_end|>."""
         t = self.turn
         ids = t.reply_ids
-        return len(ids) - int(t.thinker_done and bool(ids) and ids[-1] == self.voice.model.cfg.im_end_token_id)
+        return len(ids) - int(t.reply_done and bool(ids) and ids[-1] == self.voice.model.cfg.im_end_token_id)
 
     def _text(self, k: int, n: int) -> torch.Tensor:
         if k >= len(self.rows):
@@ -95,7 +95,7 @@ class VoiceWork(FrameWork):
         n = self._readable()
         if self.inputs.n == 0:
             if n == 0:
-                t.talker_done = t.thinker_done  # a reply without text: no speech (Code2Wav then ends the audio)
+                t.talker_done = t.reply_done  # a reply without text: no speech (Code2Wav then ends the audio)
                 return 0
             text = TextIds(v.role + t.reply_ids[:1] + v.tail, [], [])
             self.inputs.append(build_prompt(v.model.talker, v.model.cfg, text, self.language, self.speaker,
@@ -104,7 +104,7 @@ class VoiceWork(FrameWork):
             k = self.steps + 1
             if k < n:
                 text = self._text(k, n)
-            elif not t.thinker_done:
+            elif not t.reply_done:
                 return 0  # ahead of the writer: wait for its next token
             else:
                 text = v.eos if k == n else v.pad
