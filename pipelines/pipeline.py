@@ -194,6 +194,7 @@ class Pipeline:
 
     def _iterate(self) -> None:
         self._drain()
+        self.program.admit()
         ran = False
         for stage in self.program.stages:
             ran |= self._step(stage)

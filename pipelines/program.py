@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from .admission import Admission
 from .held import Gate, HeldTurn
 from .spec import ModelSpec
 from .stage import Stage
@@ -33,6 +34,9 @@ class TurnHandle(Protocol):
     finished: bool
     held: bool  # its works run only behind committed work (pipelines/held.py)
     on_close: Callable[[], None]
+    t_first_audio: float | None  # when its first audio was made (None: not yet, or it does not speak)
+
+    def urgency(self) -> float: ...
 
     def finish(self, status: str) -> None: ...
 
@@ -58,6 +62,7 @@ class StagedProgram:
         self.started = self.ended = 0
         self.held: dict[str, HeldTurn] = {}
         self.released = self.discarded = 0
+        self.admission = Admission()
 
     # what a model writes
     def new_session(self, session_id: str) -> SessionHandle:
@@ -136,12 +141,26 @@ class StagedProgram:
         state.held = held
         self.turns[turn.turn_id] = (state, works)
         state.on_close = lambda: self._close(turn.turn_id)
-        try:
-            for stage, work in works:
-                stage.add(work)
-        except Exception as e:
-            log.exception("registering turn %s failed", turn.turn_id)
-            state.fail("internal_error", f"{type(e).__name__}: {e}")
+
+        def register() -> None:
+            try:
+                for stage, work in works:
+                    stage.add(work)
+            except Exception as e:
+                log.exception("registering turn %s failed", turn.turn_id)
+                state.fail("internal_error", f"{type(e).__name__}: {e}")
+
+        if held:  # it runs only behind committed work: never queued
+            register()
+        else:
+            self.admission.offer(turn.turn_id, register, self._streams())
+
+    def admit(self) -> None:
+        """Start the waiting turns whose time has come (pipelines/admission.py); once per engine iteration."""
+        self.admission.admit(self._streams())
+
+    def _streams(self) -> list[TurnHandle]:
+        return [state for turn_id, (state, _) in self.turns.items() if turn_id not in self.admission.queue]
 
     def release_turn(self, turn_id: str) -> bool:
         """A held turn becomes committed: its waiting events flow, then live ones. Whether it was held."""
@@ -191,6 +210,7 @@ class StagedProgram:
         self.by_name[self.session_stage].kv.release(session.kv_key)
 
     def _close(self, turn_id: str) -> None:
+        self.admission.drop(turn_id)
         _, works = self.turns.pop(turn_id, (None, []))
         for stage, work in works:
             stage.remove(work)
@@ -203,7 +223,7 @@ class StagedProgram:
             "turns_started": self.started, "turns_ended": self.ended, "turns_active": len(self.turns),
             "sessions": len(self.sessions), "held": len(self.held),
             "held_released": self.released, "held_discarded": self.discarded,
-            "kv_blocks": self._blocks_used(),
+            "kv_blocks": self._blocks_used(), **self.admission.counters(),
             "works": {s.name: len(s.scheduler.works) for s in self.stages},
             **self.extra_counters(),
             "kv_capacity": self.capacity(),

@@ -32,6 +32,7 @@ class EngineStats:
     kv_total: dict[str, int]
     steps: dict[str, int]  # stage name -> batches run
     busy_s: dict[str, float]  # stage name -> seconds spent running them
+    admission: dict[str, float]  # turns_waiting, turns_waited, admission_wait_s (pipelines/admission.py)
 
 
 def engine_stats(pipeline: Pipeline) -> EngineStats:
@@ -44,6 +45,7 @@ def engine_stats(pipeline: Pipeline) -> EngineStats:
         kv_total={s.name: s.kv.layout.num_blocks for s in cached},
         steps={s.name: s.runner.steps for s in stages},
         busy_s={s.name: s.runner.busy_s for s in stages},
+        admission=pipeline.program.admission.counters(),
     )
 
 
@@ -109,6 +111,12 @@ class Metrics:
             (CounterMetricFamily, "omni_engine_busy_seconds", "Time the stage spent running batches "
                                                               "(divide by steps for the mean step time).", e.busy_s),
         )
+        a = e.admission
+        yield GaugeMetricFamily("omni_turns_waiting", "Turns waiting to start until the engine keeps its playing "
+                                "streams fed.", value=a["turns_waiting"])
+        yield CounterMetricFamily("omni_turns_waited", "Turns that started after waiting.", value=a["turns_waited"])
+        yield CounterMetricFamily("omni_admission_wait_seconds", "Seconds those turns waited, in all.",
+                                  value=a["admission_wait_s"])
         for kind, name, doc, values in families:
             family = kind(name, doc, labels=["stage"])
             for stage, v in sorted(values.items()):

@@ -69,6 +69,9 @@ class SpeakingState:
         return out
 
 
+TEXT_LEAD = 6  # reply tokens the writer may run ahead of the frame stage reading them (one per frame)
+
+
 class FrameWork(Work):
     """A turn's stream in the frame stage; its first inputs come from the model's prompt rules."""
 
@@ -80,6 +83,13 @@ class FrameWork(Work):
         self.steps = 0  # decode inputs appended
         self.slot: int | None = None  # row of the stage's repetition-penalty state, from the first step
         self.free_slot: Callable[[int], None] = lambda slot: None
+
+    def paces(self, written: int) -> bool:
+        """Whether a writer with `written` reply tokens waits for this stream: it is TEXT_LEAD ahead of what this
+        stream has read (its prompt holds token 0, each later input one more), and the stream still reads."""
+        t = self.turn
+        read = self.steps + 1 if self.inputs.n else 0
+        return written - read >= TEXT_LEAD and t.speaking and not (t.talker_done or t.finished)
 
     def release(self) -> None:
         if self.slot is not None:

@@ -11,6 +11,7 @@ import torch
 
 from models.common import chat
 from models.common.code2wav_step import Code2WavStep, Code2WavWork
+from models.common.speaking import FrameWork
 from models.common.tokenizer import Tokenizer
 from pipelines.kv_cache import PagedKVCache
 from pipelines.pipeline import Emit, Pipeline
@@ -163,12 +164,14 @@ class Qwen3OmniProgram(StagedProgram):
         s = self.by_name
         if features:
             works.append((s["audio_encoder"], EncoderWork(state)))
-        works.append((s["thinker"], ThinkerWork(state, s["thinker"].kv)))
+        thinker = ThinkerWork(state, s["thinker"].kv)
+        works.append((s["thinker"], thinker))
         if opts.audio and self.voice is not None:
             works += self.voice.works(state, turn.options)
         elif opts.audio:
             works.append((s["talker"], TalkerWork(state, s["talker"].kv, self.steps["talker"].prompt)))
             works.append((s["code2wav"], Code2WavWork(state)))
+        thinker.speaker = next((w for _, w in works if isinstance(w, FrameWork)), None)
         if not features:  # last: the session changes only once nothing else can fail
             ids = torch.tensor([state.prompt_ids], device=self.device)
             state.on_prompt_embeds(self.model.thinker.embed(ids)[0])

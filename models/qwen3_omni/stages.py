@@ -30,12 +30,14 @@ class ThinkerWork(Work):
     def __init__(self, turn: TurnState, kv: PagedKVCache) -> None:
         super().__init__(turn, turn.session.kv_key)
         self.kv = kv
+        self.speaker: FrameWork | None = None  # the stream reading this reply: the thinker stays a few tokens ahead
 
     def pending(self) -> int:
         t = self.turn
         if not t.prompt_ready or t.finished or t.thinker_done:
             return 0
-        return len(t.session.ids) - self.kv.length(self.key)
+        n = len(t.session.ids) - self.kv.length(self.key)
+        return 0 if n == 1 and self.speaker is not None and self.speaker.paces(len(t.reply_ids)) else n
 
 
 class TalkerWork(FrameWork):

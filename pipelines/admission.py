@@ -1,0 +1,62 @@
+"""Admission: a new turn's works enter the stages only while the engine keeps the streams it speaks fed.
+
+A committed turn waits while any stream already playing has less than FED_S of audio buffered (the engine is not
+making audio faster than it is played: one more stream would starve them all); the waiting turns then start
+together, oldest first, their prefills batched. A turn never waits longer than MAX_WAIT_S: an engine that cannot
+keep even its present streams fed serves everyone as best it can. Held turns run only behind committed work and
+are not queued here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+FED_S = 0.1  # audio a playing stream must have buffered for a new turn to start beside it
+MAX_WAIT_S = 2.0
+
+
+class Stream(Protocol):
+    t_first_audio: float | None  # None: not playing yet
+
+    def urgency(self) -> float:
+        """Seconds of audio buffered (infinity for a turn that does not speak)."""
+        ...
+
+
+@dataclass
+class Admission:
+    max_wait_s: float = MAX_WAIT_S
+    queue: dict[str, tuple[float, Callable[[], None]]] = field(default_factory=dict)  # turn -> (since, start)
+    waited: int = 0  # turns that started after waiting
+    wait_s: float = 0.0  # seconds they waited, in all
+
+    def offer(self, turn_id: str, start: Callable[[], None], streams: Iterable[Stream]) -> None:
+        """Start the turn now if nothing waits before it and the streams are fed; else queue it."""
+        if not self.queue and fed(streams):
+            start()
+        else:
+            self.queue[turn_id] = (time.perf_counter(), start)
+
+    def admit(self, streams: Iterable[Stream]) -> None:
+        """Start the turns whose time has come: all of them while the streams are fed, else those past the cap."""
+        if not self.queue:
+            return
+        now, ok = time.perf_counter(), fed(streams)
+        for turn_id, (since, start) in list(self.queue.items()):
+            if ok or now - since >= self.max_wait_s:
+                del self.queue[turn_id]
+                self.waited, self.wait_s = self.waited + 1, self.wait_s + now - since
+                start()
+
+    def drop(self, turn_id: str) -> None:
+        self.queue.pop(turn_id, None)
+
+    def counters(self) -> dict:
+        return {"turns_waiting": len(self.queue), "turns_waited": self.waited, "admission_wait_s": self.wait_s}
+
+
+def fed(streams: Iterable[Stream]) -> bool:
+    return all(s.t_first_audio is None or s.urgency() >= FED_S for s in streams)

@@ -1,0 +1,202 @@
+"""Who runs when: the thinker paced by the stream that speaks its reply (it keeps TEXT_LEAD tokens ahead, no more),
+a stream near its playback deadline served before a new prefill, and new turns admitted only while the engine
+keeps its streams fed. The tiny model, stepped stage by stage on the test's thread."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from models.common.speaking import TEXT_LEAD
+from models.qwen3_omni.placement import PipelineConfig
+from models.qwen3_omni.program import build_pipeline
+from pipelines.admission import FED_S, Admission
+from pipelines.scheduler import URGENT_S, Scheduler
+from pipelines.types import GenerationOptions, TurnDone
+from tests.test_pipeline import turn
+
+
+def stepper():
+    """A pipeline whose engine thread is not started: the test steps its stages."""
+    p = build_pipeline(PipelineConfig())
+    return p, {s.name: s for s in p.stages}
+
+
+def run_to_end(p, events: list, limit: int = 2000) -> TurnDone:
+    for _ in range(limit):
+        if events and isinstance(events[-1], TurnDone):
+            return events[-1]
+        p._iterate()
+    raise AssertionError(f"no TurnDone after {limit} iterations: {events[-3:]}")
+
+
+def test_thinker_keeps_only_text_lead_tokens_ahead_of_the_talker():
+    p, s = stepper()
+    events: list = []
+    opts = GenerationOptions(greedy=True, max_text_tokens=60, max_frames=60)
+    with torch.inference_mode():
+        p.program.start_turn(turn("a", 1.0, 3, opts), events.append)
+    state = p.program.sessions["a"].turn
+    for _ in range(30):  # the talker never runs: the thinker stops TEXT_LEAD tokens in
+        s["audio_encoder"].step()
+        s["thinker"].step()
+    assert len(state.reply_ids) == TEXT_LEAD and not state.thinker_done
+    assert not s["thinker"].step()  # nothing to run: it waits for the talker
+    for frame in range(1, 8):  # each frame read lets the thinker make one more token, and only one
+        assert s["talker"].step()
+        for _ in range(3):
+            s["thinker"].step()
+        assert len(state.reply_ids) == TEXT_LEAD + frame
+    done = run_to_end(p, events)
+    assert done.status in ("completed", "length") and len(done.codes) > 7
+    p.program.end_session("a")
+
+
+def test_a_talker_that_has_stopped_no_longer_holds_the_thinker_back():
+    p, _ = stepper()
+    events: list = []
+    opts = GenerationOptions(greedy=True, max_text_tokens=30, max_frames=2)
+    with torch.inference_mode():
+        p.program.start_turn(turn("b", 1.0, 4, opts), events.append)
+    done = run_to_end(p, events)
+    assert len(done.codes) == 2 and len(done.text_ids) > TEXT_LEAD + 2  # written on after the speech ended
+    p.program.end_session("b")
+
+
+def test_text_only_turn_is_not_paced():
+    p, s = stepper()
+    events: list = []
+    opts = GenerationOptions(greedy=True, max_text_tokens=20, audio=False)
+    with torch.inference_mode():
+        p.program.start_turn(turn("c", 1.0, 5, opts), events.append)
+    for _ in range(25):
+        s["audio_encoder"].step()
+        s["thinker"].step()
+    assert p.program.sessions["c"].turn is None and isinstance(events[-1], TurnDone)
+    assert len(events[-1].text_ids) > TEXT_LEAD
+
+
+class Stream:
+    """A work in the scheduler's eyes: pending inputs and seconds of audio left."""
+
+    held = keep_kv = False
+
+    def __init__(self, key: str, pending: int, urgency: float) -> None:
+        self.key, self.n, self.left = key, pending, urgency
+
+    def pending(self) -> int:
+        return self.n
+
+    def urgency(self) -> float:
+        return self.left
+
+    def fail(self, code: str, message: str) -> None:
+        raise AssertionError(f"{self.key} failed: {code} {message}")
+
+
+def test_a_stream_near_its_deadline_is_served_before_a_new_prefill():
+    sched = Scheduler(None, max_batch=8)
+    playing = Stream("playing", 1, 5.0)
+    new = Stream("new", 120, -0.01)
+    sched.add(playing), sched.add(new)
+    batch = sched.schedule()
+    assert batch.prefill and batch.works == [new]  # plenty buffered: the newcomer's first audio comes first
+    playing.left = URGENT_S / 2
+    batch = sched.schedule()
+    assert not batch.prefill and batch.works == [playing]
+    late = Stream("late", 1, URGENT_S / 4)
+    sched.add(late)
+    assert sched.schedule().works == [late, playing]  # decodes most urgent first
+
+
+class Playing:
+    """A stream in admission's eyes: playing since `started`, with `buffered` seconds left."""
+
+    def __init__(self, buffered: float | None) -> None:
+        self.t_first_audio = None if buffered is None else time.perf_counter()
+        self.buffered = buffered
+
+    def urgency(self) -> float:
+        return -1.0 if self.buffered is None else self.buffered
+
+
+def test_admission_starts_a_turn_at_once_only_while_the_playing_streams_are_fed():
+    started: list[str] = []
+    a = Admission(max_wait_s=60)
+    a.offer("t1", lambda: started.append("t1"), [Playing(None), Playing(FED_S * 3)])  # not playing yet: no say
+    assert started == ["t1"]
+    low = Playing(FED_S / 2)
+    a.offer("t2", lambda: started.append("t2"), [low])
+    a.offer("t3", lambda: started.append("t3"), [Playing(5.0)])  # fed, but t2 waits before it: it queues
+    a.admit([low])
+    assert started == ["t1"] and a.counters()["turns_waiting"] == 2
+    low.buffered = FED_S
+    a.admit([low])
+    assert started == ["t1", "t2", "t3"]  # together, oldest first
+    c = a.counters()
+    assert c["turns_waiting"] == 0 and c["turns_waited"] == 2 and c["admission_wait_s"] > 0
+
+
+def test_admission_never_waits_past_its_cap():
+    started: list[str] = []
+    a = Admission(max_wait_s=0.05)
+    starving = [Playing(0.0)]
+    a.offer("t", lambda: started.append("t"), starving)
+    a.admit(starving)
+    assert not started
+    time.sleep(0.06)
+    a.admit(starving)
+    assert started == ["t"]
+
+
+def test_a_turn_waits_while_a_playing_stream_runs_low_then_starts_and_finishes():
+    p, s = stepper()
+    first: list = []
+    with torch.inference_mode():
+        p.program.start_turn(turn("a", 1.0, 6, GenerationOptions(greedy=True, max_text_tokens=40, max_frames=40)),
+                             first.append)
+    state = p.program.sessions["a"].turn
+    while state.t_first_audio is None:
+        p._iterate()
+    time.sleep(max(0.0, state.urgency()) + 0.01)  # the listener has played all it was sent
+    assert state.urgency() < FED_S
+    second: list = []
+    with torch.inference_mode():
+        p.program.start_turn(turn("b", 1.0, 7), second.append)
+    late = p.program.sessions["b"].turn
+    assert p.program.counters()["turns_waiting"] == 1
+    assert not any(w.turn is late for stage in p.stages for w in stage.scheduler.works)  # not in any stage
+    run_to_end(p, second)  # stepping feeds the playing stream until it is ahead again, then the turn starts
+    assert isinstance(second[-1], TurnDone) and second[-1].status in ("completed", "length")
+    c = p.program.counters()
+    assert c["turns_waiting"] == 0 and c["turns_waited"] == 1 and c["admission_wait_s"] > 0
+    run_to_end(p, first)
+    for sid in ("a", "b"):
+        p.program.end_session(sid)
+
+
+def test_a_waiting_turn_cancelled_leaves_nothing_behind():
+    p, _ = stepper()
+    first: list = []
+    with torch.inference_mode():
+        p.program.start_turn(turn("a", 1.0, 8, GenerationOptions(greedy=True, max_text_tokens=40, max_frames=40)),
+                             first.append)
+    state = p.program.sessions["a"].turn
+    while state.t_first_audio is None:
+        p._iterate()
+    time.sleep(max(0.0, state.urgency()) + 0.01)
+    before = p.program.kv_check()
+    second: list = []
+    with torch.inference_mode():
+        p.program.start_turn(turn("b", 1.0, 9), second.append)
+    waiting = p.program.sessions["b"].turn
+    assert p.program.counters()["turns_waiting"] == 1
+    waiting.finish("cancelled")
+    assert second[-1].status == "cancelled"
+    c = p.program.counters()
+    assert c["turns_waiting"] == 0 and c["turns_active"] == 1 and p.program.kv_check() == before
+    run_to_end(p, first)
+    p.program.end_session("a")
+    p.program.end_session("b")
+    assert p.program.kv_check() == {name: 0 for name in before}
