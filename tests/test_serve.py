@@ -29,6 +29,7 @@ FAMILIES = {
     "python_gc_collections": "counter", "python_info": "gauge",
     "omni_ready": "gauge", "omni_draining": "gauge", "omni_sessions_max": "gauge", "omni_sessions_free": "gauge",
     "omni_kv_conversations_free": "gauge",  # realtime/readiness.py
+    "omni_turns_waiting": "gauge", "omni_turns_waited": "counter", "omni_admission_wait_seconds": "counter",
 }
 
 
@@ -122,3 +123,4 @@ def test_metrics_parse_with_prometheus_client(served: Served):
     assert values[("omni_kv_blocks_used", (("stage", "thinker"),))] == 0  # the session has ended
     assert values[("omni_engine_steps_total", (("stage", "talker"),))] > 0
     assert values[("omni_engine_busy_seconds_total", (("stage", "talker"),))] > 0
+    assert values[("omni_turns_waiting", ())] == 0  # nothing is left queued once the sessions have ended
