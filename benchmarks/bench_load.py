@@ -13,11 +13,11 @@ over --spread-s), then commits and asks for a response. Reply lengths are capped
 - Errors: error events, responses that end failed or cancelled, socket drops, timeouts, no audio.
 
 Conversation mode (--turns T above 1; its JSON lines say "mode": "conversation"): each session asks T questions
-on one connection; after a reply it waits for the reply's playback to end in real time (the simulated player),
-then --pause-s, then streams the next question. Per level: TTFA p50/p95 over all turns and over first turns,
-turns with an underrun of all turns, starved seconds and starved_fraction (starved seconds over the seconds of
-reply audio received), errors, RTF. A turn with an error ends its session; sessions_completed counts those that
-finished every turn cleanly.
+on one connection; after a reply (response.done) it waits for the reply's playback to end in real time (the
+simulated player), then --pause-s (pause_s_min/max: the pauses as taken), then streams the next question. Per
+level: TTFA p50/p95 over all turns and over first turns, turns with an underrun of all turns, starved seconds and
+starved_fraction (starved seconds over the seconds of reply audio received), errors, RTF. A turn with an error
+ends its session; sessions_completed counts those that finished every turn cleanly.
 
   python benchmarks/bench_load.py                                       # full size on CUDA, 1,8,32,64
   python benchmarks/bench_load.py --tiny --device cpu --sessions 4      # smoke test
@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import itertools
 import json
 import math
 import statistics
@@ -85,6 +86,8 @@ class Result:
     frames: int = 0
     player: Player = field(default_factory=Player)
     append_late_ms: float = 0.0  # how far behind the wall clock this client's appends fell (client overload)
+    asked_at: float = 0.0  # when the question's first append was due
+    done_at: float = 0.0  # when response.done arrived
 
 
 async def session(http: aiohttp.ClientSession, url: str, chunks: list[str], system: str, delay_s: float,
@@ -120,9 +123,9 @@ async def _converse(ws: aiohttp.ClientWebSocketResponse, chunks: list[str], syst
         res = Result()
         results.append(res)
         await _ask(ws, chunks, res)
-        if res.errors or turn == turns - 1:
+        if res.errors or res.ttfa_ms is None or turn == turns - 1:
             return
-        await asyncio.sleep(max(0.0, res.player.dry_at - time.perf_counter()) + pause_s)
+        await asyncio.sleep(max(0.0, res.player.dry_at - time.perf_counter()) + pause_s)  # after response.done
 
 
 async def _ask(ws: aiohttp.ClientWebSocketResponse, chunks: list[str], res: Result) -> None:
@@ -130,7 +133,7 @@ async def _ask(ws: aiohttp.ClientWebSocketResponse, chunks: list[str], res: Resu
     committed = asyncio.get_running_loop().create_future()
     reader = asyncio.create_task(_read(ws, committed, res))
     try:
-        t0 = time.perf_counter()
+        t0 = res.asked_at = time.perf_counter()
         for i, chunk in enumerate(chunks):
             if reader.done():
                 break
@@ -164,7 +167,7 @@ async def _read(ws: aiohttp.ClientWebSocketResponse, committed: asyncio.Future, 
                 res.ttfa_ms = (now - committed.result()) * 1e3
             player.feed(now, len(base64.b64decode(ev["delta"])) // 2)
         elif kind == "response.done":
-            resp = ev["response"]
+            res.done_at, resp = now, ev["response"]
             if resp["status"] not in ("completed", "incomplete"):
                 res.errors.append(f"response {resp['status']}: {resp.get('status_details')}")
             usage = resp.get("usage") or {}
@@ -185,11 +188,6 @@ def measured(r: Result) -> bool:
     return r.ttfa_ms is not None and r.rtf is not None
 
 
-def _errors(results: list[Result]) -> dict:
-    return {"errors": sum(len(r.errors) for r in results),
-            "error_samples": sorted({e for r in results for e in r.errors})[:5]}
-
-
 def _gpu(args: argparse.Namespace) -> dict:
     if not (torch.cuda.is_available() and args.device.startswith("cuda")):
         return {}
@@ -201,9 +199,9 @@ def summary(results: list[Result], args: argparse.Namespace) -> dict:
     """The burst: one turn per session."""
     ok = [r for r in results if measured(r)]
     ttfa, rtf = [r.ttfa_ms for r in ok], [r.rtf for r in ok]
-    errors = _errors(results)
-    out = {"sessions": len(results), "measured": len(ok), "errors": errors["errors"],
-           "sessions_with_errors": sum(1 for r in results if r.errors), "error_samples": errors["error_samples"]}
+    out = {"sessions": len(results), "measured": len(ok), "errors": sum(len(r.errors) for r in results),
+           "sessions_with_errors": sum(1 for r in results if r.errors),
+           "error_samples": sorted({e for r in results for e in r.errors})[:5]}
     if ok:
         out.update({f"ttfa_ms_p{q}": round(pct(ttfa, q), 1) for q in (50, 95, 99)})
         out.update(rtf_median=round(statistics.median(rtf), 3), rtf_max=round(max(rtf), 3),
@@ -227,7 +225,9 @@ def conversation_summary(sessions: list[list[Result]], args: argparse.Namespace)
     out = {"sessions": len(sessions), "turns": len(sessions) * args.turns, "turns_measured": len(ok),
            "sessions_completed": sum(1 for s in sessions if len(s) == args.turns and all(
                measured(r) and not r.errors for r in s)),
-           "sessions_with_errors": sum(1 for s in sessions if any(r.errors for r in s)), **_errors(turns)}
+           "errors": sum(len(r.errors) for r in turns),
+           "sessions_with_errors": sum(1 for s in sessions if any(r.errors for r in s)),
+           "error_samples": sorted({e for r in turns for e in r.errors})[:5]}
     if ok:
         out.update({f"ttfa_ms_p{q}": round(pct([r.ttfa_ms for r in ok], q), 1) for q in (50, 95)})
         out.update(rtf_median=round(statistics.median(r.rtf for r in ok), 3), rtf_max=round(max(r.rtf for r in ok), 3))
@@ -238,6 +238,9 @@ def conversation_summary(sessions: list[list[Result]], args: argparse.Namespace)
                starved_s=round(starved_s, 2), starved_fraction=round(starved_s / audio_s, 4) if audio_s else None,
                short_replies=sum(1 for r in ok if r.text_tokens < args.text_tokens or r.frames < args.frames),
                append_late_ms_max=round(max((r.append_late_ms for r in turns), default=0.0), 1))
+    gaps = [b.asked_at - max(a.player.dry_at, a.done_at) for s in sessions for a, b in itertools.pairwise(s)]
+    if gaps:  # the reply's end (playback and response.done) -> the next question: --pause-s unless the client lags
+        out.update(pause_s_min=round(min(gaps), 3), pause_s_max=round(max(gaps), 3))
     out.update(_gpu(args))
     return out
 

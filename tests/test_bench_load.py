@@ -44,8 +44,8 @@ def test_four_sessions_through_the_real_server(tmp_path: Path) -> None:
 def test_conversations_of_two_turns_through_the_real_server(tmp_path: Path) -> None:
     out = tmp_path / "conv.jsonl"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_load.py"), "--tiny", "--device", "cpu", "--sessions",
-           "2", "--turns", "2", "--audio-seconds", "0.5", "--frames", "6", "--pause-s", "0.2", "--spread-s", "0.3",
-           "--timeout-s", "60", "--out", str(out)]
+           "2", "--turns", "2", "--audio-seconds", "0.5", "--text-tokens", "4", "--frames", "6", "--pause-s", "0.2",
+           "--spread-s", "0.3", "--timeout-s", "60", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
@@ -60,6 +60,7 @@ def test_conversations_of_two_turns_through_the_real_server(tmp_path: Path) -> N
     assert line["ttfa_ms_p50"] <= line["ttfa_ms_p95"]
     assert line["first_turn_ttfa_ms_p50"] <= line["first_turn_ttfa_ms_p95"]
     assert line["short_replies"] == 0
+    assert 0.2 <= line["pause_s_min"] <= line["pause_s_max"] < 0.5  # after each reply's playback ends
     assert 0 < line["audio_s"] <= 4 * 6 * 0.08 + 0.01  # four replies, each within the server's max_frames limit
     assert 0 <= line["underrun_turns"] <= 4 and line["underrun_events"] >= line["underrun_turns"]
     assert line["starved_fraction"] == pytest.approx(line["starved_s"] / line["audio_s"], abs=0.01)
