@@ -12,8 +12,16 @@ over --spread-s), then commits and asks for a response. Reply lengths are capped
   (playback then resumes on the new audio). The silence after the last delta is the end, not a gap.
 - Errors: error events, responses that end failed or cancelled, socket drops, timeouts, no audio.
 
+Conversation mode (--turns T above 1; its JSON lines say "mode": "conversation"): each session asks T questions
+on one connection; after a reply (response.done) it waits for the reply's playback to end in real time (the
+simulated player), then --pause-s (pause_s_min/max: the pauses as taken), then streams the next question. Per
+level: TTFA p50/p95 over all turns and over first turns, turns with an underrun of all turns, starved seconds and
+starved_fraction (starved seconds over the seconds of reply audio received), errors, RTF. A turn with an error
+ends its session; sessions_completed counts those that finished every turn cleanly.
+
   python benchmarks/bench_load.py                                       # full size on CUDA, 1,8,32,64
   python benchmarks/bench_load.py --tiny --device cpu --sessions 4      # smoke test
+  python benchmarks/bench_load.py --turns 3 --frames 75 --spread-s 8 --sessions 64,96,128   # conversations
 
 --voice-model speaks the replies with a Qwen3-TTS voice instead of Qwen3-Omni's talker (its default speaker):
 with no value, Qwen3-TTS 1.7B CustomVoice at full size with seeded random weights (tiny-tts with --tiny); or a
@@ -25,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import itertools
 import json
 import math
 import statistics
@@ -77,31 +86,54 @@ class Result:
     frames: int = 0
     player: Player = field(default_factory=Player)
     append_late_ms: float = 0.0  # how far behind the wall clock this client's appends fell (client overload)
+    asked_at: float = 0.0  # when the question's first append was due
+    done_at: float = 0.0  # when response.done arrived
 
 
 async def session(http: aiohttp.ClientSession, url: str, chunks: list[str], system: str, delay_s: float,
-                  timeout_s: float) -> Result:
+                  timeout_s: float, turns: int = 1, pause_s: float = 0.0) -> list[Result]:
+    """One connection asking `turns` questions; a Result per turn begun. After each reply but the last it waits
+    for the reply's playback to end, then `pause_s`. A turn with an error ends the session."""
     await asyncio.sleep(delay_s)
-    res = Result()
+    results: list[Result] = []
     try:
         async with http.ws_connect(url, max_msg_size=0) as ws:
-            await asyncio.wait_for(_converse(ws, chunks, system, res), timeout_s)
+            await asyncio.wait_for(_converse(ws, chunks, system, turns, pause_s, results), timeout_s)
     except TimeoutError:
-        res.errors.append("timeout")
+        _current(results).errors.append("timeout")
     except (aiohttp.ClientError, ConnectionError) as e:
-        res.errors.append(f"socket: {e!r}")
-    if res.ttfa_ms is None and not res.errors:
-        res.errors.append("no audio")
-    return res
+        _current(results).errors.append(f"socket: {e!r}")
+    for res in results:
+        if res.ttfa_ms is None and not res.errors:
+            res.errors.append("no audio")
+    return results
 
 
-async def _converse(ws: aiohttp.ClientWebSocketResponse, chunks: list[str], system: str, res: Result) -> None:
+def _current(results: list[Result]) -> Result:
+    if not results:
+        results.append(Result())
+    return results[-1]
+
+
+async def _converse(ws: aiohttp.ClientWebSocketResponse, chunks: list[str], system: str, turns: int,
+                    pause_s: float, results: list[Result]) -> None:
+    await ws.send_json({"type": "session.update", "session": {
+        "type": "realtime", "instructions": system, "audio": {"input": {"turn_detection": None}}}})
+    for turn in range(turns):
+        res = Result()
+        results.append(res)
+        await _ask(ws, chunks, res)
+        if res.errors or res.ttfa_ms is None or turn == turns - 1:
+            return
+        await asyncio.sleep(max(0.0, res.player.dry_at - time.perf_counter()) + pause_s)  # after response.done
+
+
+async def _ask(ws: aiohttp.ClientWebSocketResponse, chunks: list[str], res: Result) -> None:
+    """Streams the question in real time, commits, asks for a response and reads it to response.done."""
     committed = asyncio.get_running_loop().create_future()
     reader = asyncio.create_task(_read(ws, committed, res))
     try:
-        await ws.send_json({"type": "session.update", "session": {
-            "type": "realtime", "instructions": system, "audio": {"input": {"turn_detection": None}}}})
-        t0 = time.perf_counter()
+        t0 = res.asked_at = time.perf_counter()
         for i, chunk in enumerate(chunks):
             if reader.done():
                 break
@@ -135,7 +167,7 @@ async def _read(ws: aiohttp.ClientWebSocketResponse, committed: asyncio.Future, 
                 res.ttfa_ms = (now - committed.result()) * 1e3
             player.feed(now, len(base64.b64decode(ev["delta"])) // 2)
         elif kind == "response.done":
-            resp = ev["response"]
+            res.done_at, resp = now, ev["response"]
             if resp["status"] not in ("completed", "incomplete"):
                 res.errors.append(f"response {resp['status']}: {resp.get('status_details')}")
             usage = resp.get("usage") or {}
@@ -152,8 +184,20 @@ def pct(xs: list[float], q: float) -> float:
     return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
 
 
+def measured(r: Result) -> bool:
+    return r.ttfa_ms is not None and r.rtf is not None
+
+
+def _gpu(args: argparse.Namespace) -> dict:
+    if not (torch.cuda.is_available() and args.device.startswith("cuda")):
+        return {}
+    return {"gpu_max_allocated_GiB": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+            "gpu_max_reserved_GiB": round(torch.cuda.max_memory_reserved() / 2**30, 2)}
+
+
 def summary(results: list[Result], args: argparse.Namespace) -> dict:
-    ok = [r for r in results if r.ttfa_ms is not None and r.rtf is not None]
+    """The burst: one turn per session."""
+    ok = [r for r in results if measured(r)]
     ttfa, rtf = [r.ttfa_ms for r in ok], [r.rtf for r in ok]
     out = {"sessions": len(results), "measured": len(ok), "errors": sum(len(r.errors) for r in results),
            "sessions_with_errors": sum(1 for r in results if r.errors),
@@ -167,9 +211,37 @@ def summary(results: list[Result], args: argparse.Namespace) -> dict:
                underrun_ms=round(sum(r.player.starved_s for r in results) * 1e3, 1),
                short_replies=sum(1 for r in ok if r.text_tokens < args.text_tokens or r.frames < args.frames),
                append_late_ms_max=round(max(r.append_late_ms for r in results), 1))
-    if torch.cuda.is_available() and args.device.startswith("cuda"):
-        out["gpu_max_allocated_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-        out["gpu_max_reserved_GiB"] = round(torch.cuda.max_memory_reserved() / 2**30, 2)
+    out.update(_gpu(args))
+    return out
+
+
+def conversation_summary(sessions: list[list[Result]], args: argparse.Namespace) -> dict:
+    """Conversations: TTFA over every turn and over first turns; underruns and starved time per turn."""
+    turns = [r for s in sessions for r in s]
+    ok = [r for r in turns if measured(r)]
+    first = [s[0].ttfa_ms for s in sessions if s and measured(s[0])]
+    audio_s = sum(r.player.samples for r in turns) / 24000
+    starved_s = sum(r.player.starved_s for r in turns)
+    out = {"sessions": len(sessions), "turns": len(sessions) * args.turns, "turns_measured": len(ok),
+           "sessions_completed": sum(1 for s in sessions if len(s) == args.turns and all(
+               measured(r) and not r.errors for r in s)),
+           "errors": sum(len(r.errors) for r in turns),
+           "sessions_with_errors": sum(1 for s in sessions if any(r.errors for r in s)),
+           "error_samples": sorted({e for r in turns for e in r.errors})[:5]}
+    if ok:
+        out.update({f"ttfa_ms_p{q}": round(pct([r.ttfa_ms for r in ok], q), 1) for q in (50, 95)})
+        out.update(rtf_median=round(statistics.median(r.rtf for r in ok), 3), rtf_max=round(max(r.rtf for r in ok), 3))
+    if first:
+        out.update({f"first_turn_ttfa_ms_p{q}": round(pct(first, q), 1) for q in (50, 95)})
+    out.update(underrun_turns=sum(1 for r in turns if r.player.underruns),
+               underrun_events=sum(r.player.underruns for r in turns), audio_s=round(audio_s, 2),
+               starved_s=round(starved_s, 2), starved_fraction=round(starved_s / audio_s, 4) if audio_s else None,
+               short_replies=sum(1 for r in ok if r.text_tokens < args.text_tokens or r.frames < args.frames),
+               append_late_ms_max=round(max((r.append_late_ms for r in turns), default=0.0), 1))
+    gaps = [b.asked_at - max(a.player.dry_at, a.done_at) for s in sessions for a, b in itertools.pairwise(s)]
+    if gaps:  # the reply's end (playback and response.done) -> the next question: --pause-s unless the client lags
+        out.update(pause_s_min=round(min(gaps), 3), pause_s_max=round(max(gaps), 3))
+    out.update(_gpu(args))
     return out
 
 
@@ -190,17 +262,22 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
     lines = []
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-            warm = await session(http, url, chunks, system, 0.0, args.timeout_s)
+            warm = (await session(http, url, chunks, system, 0.0, args.timeout_s))[0]
             if warm.errors:
                 raise RuntimeError(f"warm-up session failed: {warm.errors}")
             for n in levels:
                 if torch.cuda.is_available() and args.device.startswith("cuda"):
                     torch.cuda.reset_peak_memory_stats()
-                results = await asyncio.gather(*(session(http, url, chunks, system, i * args.spread_s / n,
-                                                         args.timeout_s) for i in range(n)))
+                sessions = await asyncio.gather(*(session(http, url, chunks, system, i * args.spread_s / n,
+                                                          args.timeout_s, args.turns, args.pause_s)
+                                                  for i in range(n)))
                 line = {**header, "bench": "load", "audio_seconds": args.audio_seconds,
-                        "text_tokens": args.text_tokens, "frames": args.frames, "spread_s": args.spread_s,
-                        **summary(results, args)}
+                        "text_tokens": args.text_tokens, "frames": args.frames, "spread_s": args.spread_s}
+                if args.turns == 1:
+                    line.update(summary([s[0] for s in sessions], args))
+                else:
+                    line.update(mode="conversation", turns_per_session=args.turns, pause_s=args.pause_s,
+                                **conversation_summary(sessions, args))
                 print(json.dumps(line), flush=True)
                 if args.out:
                     with open(args.out, "a") as f:
@@ -251,6 +328,9 @@ def random_voice(device: str, dtype: str | None) -> object:
 def table(lines: list[dict]) -> str:
     cols = ["sessions", "errors", "ttfa_ms_p50", "ttfa_ms_p95", "ttfa_ms_p99", "rtf_median", "rtf_max",
             "underrun_sessions", "underrun_ms"]
+    if lines and lines[0].get("mode") == "conversation":
+        cols = ["sessions", "turns", "errors", "ttfa_ms_p50", "ttfa_ms_p95", "first_turn_ttfa_ms_p50",
+                "first_turn_ttfa_ms_p95", "rtf_max", "underrun_turns", "starved_s", "starved_fraction"]
     rows = [cols] + [[str(line.get(c, "-")) for c in cols] for line in lines]
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     return "\n".join("  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in rows)
@@ -267,6 +347,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--text-tokens", type=int, default=16, help="server limit on reply text tokens")
     ap.add_argument("--frames", type=int, default=25, help="server limit on reply codec frames (80 ms each)")
     ap.add_argument("--spread-s", type=float, default=1.0, help="session starts are spread evenly over this")
+    ap.add_argument("--turns", type=int, default=1,
+                    help="questions per session; above 1 the conversation mode (replies played out, then a pause)")
+    ap.add_argument("--pause-s", type=float, default=1.0,
+                    help="conversation mode: pause after a reply's playback ends before the next question")
     ap.add_argument("--timeout-s", type=float, default=600.0, help="a session taking longer is an error")
     ap.add_argument("--out", help="append the JSON lines to this file")
     ap.add_argument("--voice-model", nargs="?", const="random", default="",
@@ -281,6 +365,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.audio_seconds < 0.2 or args.spread_s < 0 or args.text_tokens < 1 or args.frames < 1:
         ap.error("need --audio-seconds >= 0.2 (the server's minimum commit is 100 ms), --spread-s >= 0, "
                  "--text-tokens >= 1, --frames >= 1")
+    if args.turns < 1 or args.pause_s < 0:
+        ap.error("need --turns >= 1 and --pause-s >= 0")
     voice, tiny = None, False
     if args.voice_model:
         from models.qwen3_tts.voice import build_voice

@@ -41,6 +41,32 @@ def test_four_sessions_through_the_real_server(tmp_path: Path) -> None:
     assert "ttfa_ms_p95" in proc.stderr  # the human table
 
 
+def test_conversations_of_two_turns_through_the_real_server(tmp_path: Path) -> None:
+    out = tmp_path / "conv.jsonl"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_load.py"), "--tiny", "--device", "cpu", "--sessions",
+           "2", "--turns", "2", "--audio-seconds", "0.5", "--text-tokens", "4", "--frames", "6", "--pause-s", "0.2",
+           "--spread-s", "0.3", "--timeout-s", "60", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert len(printed) == 1 and [json.loads(x) for x in out.read_text().splitlines()] == printed
+    line = printed[0]
+    assert (line["bench"], line["mode"], line["turns_per_session"], line["pause_s"]) == ("load", "conversation", 2, 0.2)
+    assert line["errors"] == 0 and line["sessions_with_errors"] == 0, line["error_samples"]
+    assert (line["sessions"], line["turns"], line["turns_measured"], line["sessions_completed"]) == (2, 4, 4, 2)
+    for key in ("ttfa_ms_p50", "ttfa_ms_p95", "first_turn_ttfa_ms_p50", "first_turn_ttfa_ms_p95", "rtf_median",
+                "rtf_max", "audio_s"):
+        assert math.isfinite(line[key]) and line[key] > 0, key
+    assert line["ttfa_ms_p50"] <= line["ttfa_ms_p95"]
+    assert line["first_turn_ttfa_ms_p50"] <= line["first_turn_ttfa_ms_p95"]
+    assert line["short_replies"] == 0
+    assert 0.2 <= line["pause_s_min"] <= line["pause_s_max"] < 0.5  # after each reply's playback ends
+    assert 0 < line["audio_s"] <= 4 * 6 * 0.08 + 0.01  # four replies, each within the server's max_frames limit
+    assert 0 <= line["underrun_turns"] <= 4 and line["underrun_events"] >= line["underrun_turns"]
+    assert line["starved_fraction"] == pytest.approx(line["starved_s"] / line["audio_s"], abs=0.01)
+    assert "first_turn_ttfa_ms_p95" in proc.stderr  # the human table
+
+
 def test_player_counts_gaps_after_the_start_buffer() -> None:
     frame = 1920  # 80 ms at 24 kHz
     on_time = Player()
@@ -57,7 +83,8 @@ def test_player_counts_gaps_after_the_start_buffer() -> None:
     assert START_BUFFER_S == 0.1
 
 
-@pytest.mark.parametrize("bad", [["--sessions", "0"], ["--sessions", "4,x"], ["--audio-seconds", "0"]])
+@pytest.mark.parametrize("bad", [["--sessions", "0"], ["--sessions", "4,x"], ["--audio-seconds", "0"],
+                                 ["--turns", "0"], ["--pause-s", "-1"]])
 def test_bad_flags_are_refused_before_building_a_model(bad: list[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--tiny", "--device", "cpu", *bad])
