@@ -11,6 +11,8 @@ over --spread-s), then commits and asks for a response. Reply lengths are capped
   arrives after the audio received so far has run out, that is one underrun and the gap is starved time
   (playback then resumes on the new audio). The silence after the last delta is the end, not a gap.
 - Errors: error events, responses that end failed or cancelled, socket drops, timeouts, no audio.
+- Engine: per stage, the batches run at the level, their mean rows and mean ms; turns that waited at admission
+  (pipelines/admission.py) and how long in all.
 
 Conversation mode (--turns T above 1; its JSON lines say "mode": "conversation"): each session asks T questions
 on one connection; after a reply (response.done) it waits for the reply's playback to end in real time (the
@@ -268,11 +270,13 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
             for n in levels:
                 if torch.cuda.is_available() and args.device.startswith("cuda"):
                     torch.cuda.reset_peak_memory_stats()
+                before = engine(pipeline)
                 sessions = await asyncio.gather(*(session(http, url, chunks, system, i * args.spread_s / n,
                                                           args.timeout_s, args.turns, args.pause_s)
                                                   for i in range(n)))
                 line = {**header, "bench": "load", "audio_seconds": args.audio_seconds,
                         "text_tokens": args.text_tokens, "frames": args.frames, "spread_s": args.spread_s}
+                line["engine"] = engine_delta(before, engine(pipeline))
                 if args.turns == 1:
                     line.update(summary([s[0] for s in sessions], args))
                 else:
@@ -286,6 +290,27 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
     finally:
         await runner.cleanup()
     return lines
+
+
+def engine(pipeline: Pipeline) -> dict:
+    """The engine's running totals: per stage (steps, rows, busy seconds), and the admission counters."""
+    def read() -> dict:
+        return {"stages": {s.name: (s.runner.steps, s.runner.rows, s.runner.busy_s) for s in pipeline.stages},
+                **pipeline.program.admission.counters()}
+    return pipeline.request(read).result(60)
+
+
+def engine_delta(a: dict, b: dict) -> dict:
+    """What one level did: per stage, batches run, mean rows per batch and mean ms per batch; turns that waited
+    at admission and how long in all."""
+    stages = {}
+    for name, (steps, rows, busy) in b["stages"].items():
+        s0, r0, b0 = a["stages"][name]
+        n = steps - s0
+        stages[name] = {"steps": n, "rows_per_step": round((rows - r0) / n, 2) if n else None,
+                        "ms_per_step": round((busy - b0) * 1e3 / n, 2) if n else None}
+    return {"stages": stages, "turns_waited": b["turns_waited"] - a["turns_waited"],
+            "admission_wait_s": round(b["admission_wait_s"] - a["admission_wait_s"], 3)}
 
 
 def random_voice(device: str, dtype: str | None) -> object:

@@ -39,7 +39,7 @@ class ModelRunner:
         self.name = f"stage:{name}"
         self.kv = kv
         self.device = torch.device(device)
-        self.steps = 0
+        self.steps = self.rows = 0  # batches run, and the rows in them
         self.busy_s = 0.0
 
     def capture(self, pool: object | None) -> object | None:
@@ -59,5 +59,5 @@ class ModelRunner:
                 for w, n in zip(batch.works, batch.lengths, strict=True):
                     if self.kv.has(w.key):
                         self.kv.commit(w.key, n)
-        self.steps += 1
+        self.steps, self.rows = self.steps + 1, self.rows + len(batch.works)
         self.busy_s += time.perf_counter() - start

@@ -64,6 +64,10 @@ def test_conversations_of_two_turns_through_the_real_server(tmp_path: Path) -> N
     assert 0 < line["audio_s"] <= 4 * 6 * 0.08 + 0.01  # four replies, each within the server's max_frames limit
     assert 0 <= line["underrun_turns"] <= 4 and line["underrun_events"] >= line["underrun_turns"]
     assert line["starved_fraction"] == pytest.approx(line["starved_s"] / line["audio_s"], abs=0.01)
+    stages = line["engine"]["stages"]  # what the engine did at this level
+    assert set(stages) == {"audio_encoder", "thinker", "talker", "code2wav"}
+    assert all(v["steps"] > 0 and v["rows_per_step"] >= 1 and v["ms_per_step"] > 0 for v in stages.values())
+    assert stages["talker"]["steps"] * stages["talker"]["rows_per_step"] >= 4 * 6  # a row per frame, at least
     assert "first_turn_ttfa_ms_p95" in proc.stderr  # the human table
 
 
