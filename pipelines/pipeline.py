@@ -195,12 +195,13 @@ class Pipeline:
     def _iterate(self) -> None:
         self._drain()
         self.program.admit()
+        urgent = self.program.urgent()
         ran = False
         for stage in self.program.stages:
-            ran |= self._step(stage)
+            ran |= self._step(stage, urgent=urgent)
         if not ran:  # held turns run behind committed work
             for stage in self.program.stages:
-                ran |= self._step(stage, held=True)
+                ran |= self._step(stage, held=True, urgent=urgent)
         if not ran:
             with contextlib.suppress(queue.Empty):
                 self._commands.get(timeout=self.idle_wait_s)()
@@ -216,9 +217,9 @@ class Pipeline:
             except Exception:
                 log.exception("engine command failed")
 
-    def _step(self, stage: Stage, held: bool = False) -> bool:
+    def _step(self, stage: Stage, held: bool = False, urgent: bool = False) -> bool:
         try:
-            return stage.step(held)
+            return stage.step(held, urgent)
         except Exception as e:  # the batch's turns got an error; the engine and every other turn go on
             log.exception("stage %s failed", stage.name)
             self.error = e

@@ -31,6 +31,14 @@ def run_to_end(p, events: list, limit: int = 2000) -> TurnDone:
     raise AssertionError(f"no TurnDone after {limit} iterations: {events[-3:]}")
 
 
+def until_first_audio(p, state, limit: int = 500) -> None:
+    for _ in range(limit):
+        if state.t_first_audio is not None:
+            return
+        p._iterate()
+    raise AssertionError(f"no audio after {limit} iterations")
+
+
 def test_thinker_keeps_only_text_lead_tokens_ahead_of_the_talker():
     p, s = stepper()
     events: list = []
@@ -157,8 +165,7 @@ def test_a_turn_waits_while_a_playing_stream_runs_low_then_starts_and_finishes()
         p.program.start_turn(turn("a", 1.0, 6, GenerationOptions(greedy=True, max_text_tokens=40, max_frames=40)),
                              first.append)
     state = p.program.sessions["a"].turn
-    while state.t_first_audio is None:
-        p._iterate()
+    until_first_audio(p, state)
     time.sleep(max(0.0, state.urgency()) + 0.01)  # the listener has played all it was sent
     assert state.urgency() < FED_S
     second: list = []
@@ -183,8 +190,7 @@ def test_a_waiting_turn_cancelled_leaves_nothing_behind():
         p.program.start_turn(turn("a", 1.0, 8, GenerationOptions(greedy=True, max_text_tokens=40, max_frames=40)),
                              first.append)
     state = p.program.sessions["a"].turn
-    while state.t_first_audio is None:
-        p._iterate()
+    until_first_audio(p, state)
     time.sleep(max(0.0, state.urgency()) + 0.01)
     before = p.program.kv_check()
     second: list = []
@@ -200,3 +206,30 @@ def test_a_waiting_turn_cancelled_leaves_nothing_behind():
     p.program.end_session("a")
     p.program.end_session("b")
     assert p.program.kv_check() == {name: 0 for name in before}
+
+
+def test_every_stage_holds_its_prefills_while_a_playing_stream_is_about_to_run_dry():
+    """Stream a has FED_S..URGENT_S buffered: a new turn is admitted, but its audio encoding (and so its thinker
+    prefill) waits while a's talker and Code2Wav run; once a is safely ahead, b starts and finishes."""
+    p, s = stepper()
+    first: list = []
+    with torch.inference_mode():
+        p.program.start_turn(turn("a", 1.0, 10, GenerationOptions(greedy=True, max_text_tokens=60, max_frames=60)),
+                             first.append)
+    a = p.program.sessions["a"].turn
+    until_first_audio(p, a)
+    a.t_first_audio -= a.urgency() - (FED_S + URGENT_S) / 2  # as if the listener had played it down to this
+    assert FED_S < a.urgency() < URGENT_S and p.program.urgent()
+    second: list = []
+    with torch.inference_mode():
+        p.program.start_turn(turn("b", 1.0, 11), second.append)
+    b = p.program.sessions["b"].turn
+    assert p.program.counters()["turns_waiting"] == 0  # admitted: a is fed
+    frames = len(a.codes)
+    p._iterate()
+    assert not b.prompt_ready and len(a.codes) == frames + 1  # b's encoding waited; a's talker ran
+    run_to_end(p, second)
+    assert second[-1].status in ("completed", "length")
+    run_to_end(p, first)
+    for sid in ("a", "b"):
+        p.program.end_session(sid)

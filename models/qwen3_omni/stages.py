@@ -21,7 +21,8 @@ class EncoderWork(Work):
         self.done = False
 
     def pending(self) -> int:
-        return 0 if self.done or self.turn.finished else 1
+        """The prompt tokens it embeds: a prefill (it waits while a playing stream is about to run dry)."""
+        return 0 if self.done or self.turn.finished else len(self.turn.prompt_ids)
 
 
 class ThinkerWork(Work):
