@@ -11,12 +11,15 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from torch import nn
+
+from . import fp8
 
 # checkpoint key -> the key in our module tree (before _RULES), or None to skip the tensor
 Rename = Callable[[str], str | None]
@@ -76,13 +79,38 @@ def checkpoint_files(path: str | Path) -> list[Path]:
 
 
 def iter_tensors(path: str | Path, rename: Rename, prefix: str) -> Iterator[tuple[str, str, torch.Tensor]]:
-    """(checkpoint key, renamed key less `prefix`, tensor) of every tensor kept; the others are not read."""
-    for f in checkpoint_files(path):
-        with safe_open(str(f), framework="pt") as st:
-            for key in st.keys():  # noqa: SIM118 (safe_open is not a dict)
-                name = rename(key)
-                if name is not None and name.startswith(prefix):
-                    yield key, name[len(prefix) :], st.get_tensor(key)
+    """(checkpoint key, renamed key less `prefix`, tensor) of every tensor kept, fp8 ones dequantized with
+    their scales (fp8.py); the others are not read."""
+    config = Path(path) / "config.json"
+    block = fp8.block_size(json.loads(config.read_text()).get("quantization_config") if config.is_file() else None)
+    with ExitStack() as stack:
+        files = [stack.enter_context(safe_open(str(f), framework="pt")) for f in checkpoint_files(path)]
+        shard = {key: st for st in files for key in st.keys()}  # noqa: SIM118 (safe_open is not a dict)
+        scales = {k + fp8.SCALE for k in shard} & shard.keys()  # read with their weight
+        for key, st in shard.items():
+            name = rename(key)
+            if name is None or not name.startswith(prefix) or key in scales:
+                continue
+            yield key, name[len(prefix) :], _dequantized(key, st.get_tensor(key), shard, block)
+
+
+def _dequantized(key: str, tensor: torch.Tensor, shard: dict, block: tuple[int, int] | None) -> torch.Tensor:
+    """`tensor` as stored, or for an fp8 one, times the block scales `key`_scale_inv (in float32)."""
+    scale_key = key + fp8.SCALE
+    if scale_key not in shard and not str(tensor.dtype).startswith("torch.float8"):
+        return tensor
+    if tensor.dtype != fp8.FP8:
+        raise WeightError(f"{key}: {tensor.dtype} {'with block scales ' if scale_key in shard else ''}is not read "
+                          "(of 8-bit weights, block-scaled float8_e4m3fn only)")
+    if scale_key not in shard:
+        raise WeightError(f"{key}: float8_e4m3fn without its block scales {scale_key}")
+    if block is None:
+        raise WeightError(f"{key}: float8_e4m3fn, but config.json has no quantization_config giving its block size")
+    scale = shard[scale_key].get_tensor(scale_key)
+    if tuple(scale.shape) != fp8.scale_shape(tensor.shape, block):
+        raise WeightError(f"{scale_key}: shape {tuple(scale.shape)}, but {key} {tuple(tensor.shape)} in "
+                          f"{block[0]}x{block[1]} blocks needs {fp8.scale_shape(tensor.shape, block)}")
+    return fp8.dequantize(tensor, scale, block)
 
 
 def _fused_offset(target: Target, dest: torch.Tensor, piece: torch.Tensor) -> int:
