@@ -1,8 +1,8 @@
 """Checkpoint loading: stream safetensors shards into a model built on the meta device.
 
-Every checkpoint tensor lands in exactly one parameter (or one slice of a fused or stacked one: _RULES)
-or is skipped, unread: outside the prefix asked for, or dropped by the model's `rename` (None). Every
-parameter must be filled. Anything else is an error naming the keys.
+Every checkpoint tensor (an fp8 one times its block scales: fp8.py) lands in exactly one parameter (or one
+slice of a fused or stacked one: _RULES) or is skipped, unread: outside the prefix asked for, or dropped by the
+model's `rename` (None). Every parameter must be filled. Anything else is an error naming the keys.
 """
 
 from __future__ import annotations
@@ -78,9 +78,10 @@ def checkpoint_files(path: str | Path) -> list[Path]:
     return files
 
 
-def iter_tensors(path: str | Path, rename: Rename, prefix: str) -> Iterator[tuple[str, str, torch.Tensor]]:
+def iter_tensors(path: str | Path, rename: Rename, prefix: str,
+                 device: torch.device | str = "cpu") -> Iterator[tuple[str, str, torch.Tensor]]:
     """(checkpoint key, renamed key less `prefix`, tensor) of every tensor kept, fp8 ones dequantized with
-    their scales (fp8.py); the others are not read."""
+    their scales on `device` (fp8.py); the others are not read."""
     config = Path(path) / "config.json"
     block = fp8.block_size(json.loads(config.read_text()).get("quantization_config") if config.is_file() else None)
     with ExitStack() as stack:
@@ -91,10 +92,11 @@ def iter_tensors(path: str | Path, rename: Rename, prefix: str) -> Iterator[tupl
             name = rename(key)
             if name is None or not name.startswith(prefix) or key in scales:
                 continue
-            yield key, name[len(prefix) :], _dequantized(key, st.get_tensor(key), shard, block)
+            yield key, name[len(prefix) :], _dequantized(key, st.get_tensor(key), shard, block, device)
 
 
-def _dequantized(key: str, tensor: torch.Tensor, shard: dict, block: tuple[int, int] | None) -> torch.Tensor:
+def _dequantized(key: str, tensor: torch.Tensor, shard: dict, block: tuple[int, int] | None,
+                 device: torch.device | str) -> torch.Tensor:
     """`tensor` as stored, or for an fp8 one, times the block scales `key`_scale_inv (in float32)."""
     scale_key = key + fp8.SCALE
     if scale_key not in shard and not str(tensor.dtype).startswith("torch.float8"):
@@ -110,7 +112,7 @@ def _dequantized(key: str, tensor: torch.Tensor, shard: dict, block: tuple[int, 
     if tuple(scale.shape) != fp8.scale_shape(tensor.shape, block):
         raise WeightError(f"{scale_key}: shape {tuple(scale.shape)}, but {key} {tuple(tensor.shape)} in "
                           f"{block[0]}x{block[1]} blocks needs {fp8.scale_shape(tensor.shape, block)}")
-    return fp8.dequantize(tensor, scale, block)
+    return fp8.dequantize(tensor.to(device), scale.to(device), block)
 
 
 def _fused_offset(target: Target, dest: torch.Tensor, piece: torch.Tensor) -> int:
@@ -129,7 +131,7 @@ def load_weights(model: nn.Module, path: str | Path, prefix: str = "", device: t
     filled: dict[str, torch.Tensor] = {}
     covered: dict[str, int] = {}
     unexpected, bad_shape = [], []
-    for key, name, tensor in iter_tensors(path, rename, prefix):
+    for key, name, tensor in iter_tensors(path, rename, prefix, device):
         target = map_name(name)
         if target.name not in params:
             unexpected.append(key)
