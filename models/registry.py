@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from models.common.fp8 import fp8_experts_
 from pipelines.pipeline import Pipeline
 from pipelines.spec import ModelSpec
 from pipelines.voice import spoken_by
@@ -81,12 +82,19 @@ def describe(model: str, voice_model: str = "") -> ModelSpec:
 
 
 def build_pipeline(model: str, device: str = "cpu", dtype: str | None = None, graphs: bool | None = None,
-                   kv_memory_gib: float | None = None, voice_model: str = "", **stage_overrides: dict) -> Pipeline:
+                   kv_memory_gib: float | None = None, voice_model: str = "", quantization: str | None = None,
+                   **stage_overrides: dict) -> Pipeline:
     """Load `model` and return its (not yet started) Pipeline. `graphs` None: CUDA graphs on CUDA;
     `kv_memory_gib` None: on CUDA, KV caches from the memory left after the weights. `voice_model`: a model
-    whose voice speaks `model`'s replies (loaded first, so `model`'s caches take the memory left)."""
+    whose voice speaks `model`'s replies (loaded first, so `model`'s caches take the memory left).
+    `quantization` "fp8": `model`'s MoE experts quantized once loaded (models/common/fp8.py)."""
+    if quantization not in (None, "fp8"):
+        raise ValueError(f"quantization '{quantization}' is not supported (fp8 only)")
     voice = {}
     if voice_model:
         describe(model, voice_model)
         voice["voice"] = _load(entry(voice_model).voice)(voice_model, device, dtype, graphs)
-    return _load(entry(model).builder)(model, device, dtype, graphs, kv_memory_gib, **voice, **stage_overrides)
+    pipeline = _load(entry(model).builder)(model, device, dtype, graphs, kv_memory_gib, **voice, **stage_overrides)
+    if quantization:
+        fp8_experts_(pipeline.program.model)
+    return pipeline

@@ -54,6 +54,8 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="weights and activations (default: bfloat16 on cuda, float32 on cpu)")
+    p.add_argument("--quantization", default=None, choices=["fp8"], help="fp8: quantize the MoE experts' weights "
+                   "at load to e4m3 with 128x128 block scales (default: none, the weights as stored)")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="run every step eagerly on CUDA (default: capture the fixed-shape steps at start)")
     p.add_argument("--kv-cache-gib", type=float, default=None,
@@ -141,7 +143,7 @@ def build(args: argparse.Namespace):
 
     return build_pipeline(args.model, args.device or default_device(), args.dtype,
                           graphs=False if args.no_cuda_graphs else None, kv_memory_gib=args.kv_cache_gib,
-                          voice_model=args.voice_model)
+                          voice_model=args.voice_model, quantization=args.quantization)
 
 
 def generate(args: argparse.Namespace) -> int:

@@ -1,8 +1,8 @@
 """Checkpoint loading: stream safetensors shards into a model built on the meta device.
 
-Every checkpoint tensor lands in exactly one parameter (or one slice of a fused or stacked one: _RULES)
-or is skipped, unread: outside the prefix asked for, or dropped by the model's `rename` (None). Every
-parameter must be filled. Anything else is an error naming the keys.
+Every checkpoint tensor (an fp8 one times its block scales: fp8.py) lands in exactly one parameter (or one
+slice of a fused or stacked one: _RULES) or is skipped, unread: outside the prefix asked for, or dropped by the
+model's `rename` (None). Every parameter must be filled. Anything else is an error naming the keys.
 """
 
 from __future__ import annotations
@@ -11,12 +11,15 @@ import json
 import math
 import re
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from torch import nn
+
+from . import fp8
 
 # checkpoint key -> the key in our module tree (before _RULES), or None to skip the tensor
 Rename = Callable[[str], str | None]
@@ -75,14 +78,41 @@ def checkpoint_files(path: str | Path) -> list[Path]:
     return files
 
 
-def iter_tensors(path: str | Path, rename: Rename, prefix: str) -> Iterator[tuple[str, str, torch.Tensor]]:
-    """(checkpoint key, renamed key less `prefix`, tensor) of every tensor kept; the others are not read."""
-    for f in checkpoint_files(path):
-        with safe_open(str(f), framework="pt") as st:
-            for key in st.keys():  # noqa: SIM118 (safe_open is not a dict)
-                name = rename(key)
-                if name is not None and name.startswith(prefix):
-                    yield key, name[len(prefix) :], st.get_tensor(key)
+def iter_tensors(path: str | Path, rename: Rename, prefix: str,
+                 device: torch.device | str = "cpu") -> Iterator[tuple[str, str, torch.Tensor]]:
+    """(checkpoint key, renamed key less `prefix`, tensor) of every tensor kept, fp8 ones dequantized with
+    their scales on `device` (fp8.py); the others are not read."""
+    config = Path(path) / "config.json"
+    block = fp8.block_size(json.loads(config.read_text()).get("quantization_config") if config.is_file() else None)
+    with ExitStack() as stack:
+        files = [stack.enter_context(safe_open(str(f), framework="pt")) for f in checkpoint_files(path)]
+        shard = {key: st for st in files for key in st.keys()}  # noqa: SIM118 (safe_open is not a dict)
+        scales = {k + fp8.SCALE for k in shard} & shard.keys()  # read with their weight
+        for key, st in shard.items():
+            name = rename(key)
+            if name is None or not name.startswith(prefix) or key in scales:
+                continue
+            yield key, name[len(prefix) :], _dequantized(key, st.get_tensor(key), shard, block, device)
+
+
+def _dequantized(key: str, tensor: torch.Tensor, shard: dict, block: tuple[int, int] | None,
+                 device: torch.device | str) -> torch.Tensor:
+    """`tensor` as stored, or for an fp8 one, times the block scales `key`_scale_inv (in float32)."""
+    scale_key = key + fp8.SCALE
+    if scale_key not in shard and not str(tensor.dtype).startswith("torch.float8"):
+        return tensor
+    if tensor.dtype != fp8.FP8:
+        raise WeightError(f"{key}: {tensor.dtype} {'with block scales ' if scale_key in shard else ''}is not read "
+                          "(of 8-bit weights, block-scaled float8_e4m3fn only)")
+    if scale_key not in shard:
+        raise WeightError(f"{key}: float8_e4m3fn without its block scales {scale_key}")
+    if block is None:
+        raise WeightError(f"{key}: float8_e4m3fn, but config.json has no quantization_config giving its block size")
+    scale = shard[scale_key].get_tensor(scale_key)
+    if tuple(scale.shape) != fp8.scale_shape(tensor.shape, block):
+        raise WeightError(f"{scale_key}: shape {tuple(scale.shape)}, but {key} {tuple(tensor.shape)} in "
+                          f"{block[0]}x{block[1]} blocks needs {fp8.scale_shape(tensor.shape, block)}")
+    return fp8.dequantize(tensor.to(device), scale.to(device), block)
 
 
 def _fused_offset(target: Target, dest: torch.Tensor, piece: torch.Tensor) -> int:
@@ -101,7 +131,7 @@ def load_weights(model: nn.Module, path: str | Path, prefix: str = "", device: t
     filled: dict[str, torch.Tensor] = {}
     covered: dict[str, int] = {}
     unexpected, bad_shape = [], []
-    for key, name, tensor in iter_tensors(path, rename, prefix):
+    for key, name, tensor in iter_tensors(path, rename, prefix, device):
         target = map_name(name)
         if target.name not in params:
             unexpected.append(key)
