@@ -191,22 +191,24 @@ def test_spread_then_a_replica_killed_mid_reply_ends_only_its_sessions(cluster):
             ended = {s for s, r in replies.items() if r.closed}
             completed = {s for s, r in replies.items() if r.done is not None and r.done["status"] != "failed"}
             return {"spread": spread, "victim_sessions": len(mine), "victim_mid_reply": mid_reply,
-                    "others_in_flight": others_in_flight, "ended": len(ended), "ended_all_victims": ended == set(mine),
+                    "others_in_flight": others_in_flight, "ended": len(ended), "ended_only_victims": ended <= set(mine),
+                    "victims_ended_or_done_before": ended | (completed & set(mine)) == set(mine),
                     "completed_others": len(completed - set(mine)), "new_failed": failed,
                     "new_on": sorted(owner(replicas, s) for s in fresh), "down_after_s": round(down_s, 2)}
 
     out = asyncio.run(go())
     print("\nspread + SIGKILL:", out)
+    replicas[0].proc.wait(10)
+    replicas[0].start()  # back in rotation once ready (the rolling restart waits for it), whatever is asserted here
     assert sum(out["spread"].values()) == 24 and max(out["spread"].values()) <= 24 // 3 + 1
     # replies in flight at the kill: the engine admits new turns only while its playing streams are fed, so on a
     # loaded CPU the first of a replica's replies may be over by the time its last one starts
     assert out["victim_sessions"] == out["spread"]["r0"] and out["victim_mid_reply"] >= 1
-    assert out["ended_all_victims"] and out["ended"] == out["victim_sessions"]
+    # every victim session either had its reply before the kill or was closed by it; no other session was closed
+    assert out["victims_ended_or_done_before"] and out["ended_only_victims"] and out["ended"] >= 1
     assert out["completed_others"] == 24 - out["victim_sessions"]
     assert out["new_failed"] == 0 and "r0" not in out["new_on"] and len(out["new_on"]) == 6
     assert out["down_after_s"] <= INTER_S * FALL + 2.5  # the proxy marks it down within its check interval
-    replicas[0].proc.wait(10)
-    replicas[0].start()  # back in rotation once ready; the rolling restart waits for it
 
 
 def test_a_full_replica_is_skipped_before_any_socket_is_refused(cluster):
