@@ -23,6 +23,15 @@ def stepper():
     return p, {s.name: s for s in p.stages}
 
 
+def started(session: str, seed: int, opts: GenerationOptions) -> tuple:
+    """A stepped pipeline with one turn started: (pipeline, its stages by name, the turn's events)."""
+    p, s = stepper()
+    events: list = []
+    with torch.inference_mode():
+        p.program.start_turn(turn(session, 1.0, seed, opts), events.append)
+    return p, s, events
+
+
 def run_to_end(p, events: list, limit: int = 2000) -> TurnDone:
     for _ in range(limit):
         if events and isinstance(events[-1], TurnDone):
@@ -40,11 +49,7 @@ def until_first_audio(p, state, limit: int = 500) -> None:
 
 
 def test_thinker_keeps_only_text_lead_tokens_ahead_of_the_talker():
-    p, s = stepper()
-    events: list = []
-    opts = GenerationOptions(greedy=True, max_text_tokens=60, max_frames=60)
-    with torch.inference_mode():
-        p.program.start_turn(turn("a", 1.0, 3, opts), events.append)
+    p, s, events = started("a", 3, GenerationOptions(greedy=True, max_text_tokens=60, max_frames=60))
     state = p.program.sessions["a"].turn
     for _ in range(30):  # the talker never runs: the thinker stops TEXT_LEAD tokens in
         s["audio_encoder"].step()
@@ -62,22 +67,14 @@ def test_thinker_keeps_only_text_lead_tokens_ahead_of_the_talker():
 
 
 def test_a_talker_that_has_stopped_no_longer_holds_the_thinker_back():
-    p, _ = stepper()
-    events: list = []
-    opts = GenerationOptions(greedy=True, max_text_tokens=30, max_frames=2)
-    with torch.inference_mode():
-        p.program.start_turn(turn("b", 1.0, 4, opts), events.append)
+    p, _, events = started("b", 4, GenerationOptions(greedy=True, max_text_tokens=30, max_frames=2))
     done = run_to_end(p, events)
     assert len(done.codes) == 2 and len(done.text_ids) > TEXT_LEAD + 2  # written on after the speech ended
     p.program.end_session("b")
 
 
 def test_text_only_turn_is_not_paced():
-    p, s = stepper()
-    events: list = []
-    opts = GenerationOptions(greedy=True, max_text_tokens=20, audio=False)
-    with torch.inference_mode():
-        p.program.start_turn(turn("c", 1.0, 5, opts), events.append)
+    p, s, events = started("c", 5, GenerationOptions(greedy=True, max_text_tokens=20, audio=False))
     for _ in range(25):
         s["audio_encoder"].step()
         s["thinker"].step()
@@ -158,21 +155,25 @@ def test_admission_never_waits_past_its_cap():
     assert started == ["t"]
 
 
-def test_a_turn_waits_while_a_playing_stream_runs_low_then_starts_and_finishes():
-    p, s = stepper()
-    first: list = []
-    with torch.inference_mode():
-        p.program.start_turn(turn("a", 1.0, 6, GenerationOptions(greedy=True, max_text_tokens=40, max_frames=40)),
-                             first.append)
-    state = p.program.sessions["a"].turn
-    until_first_audio(p, state)
-    time.sleep(max(0.0, state.urgency()) + 0.01)  # the listener has played all it was sent
-    assert state.urgency() < FED_S
+def behind_a_dry_stream(seed: int) -> tuple:
+    """Turn a has played all it was sent when turn b starts: b waits at admission. (pipeline, a's events, b's
+    events, the KV blocks in use before b)."""
+    p, _, first = started("a", seed, GenerationOptions(greedy=True, max_text_tokens=40, max_frames=40))
     second: list = []
+    a = p.program.sessions["a"].turn
+    until_first_audio(p, a)
+    time.sleep(max(0.0, a.urgency()) + 0.01)  # the listener has played all it was sent
+    assert a.urgency() < FED_S
+    before = p.program.kv_check()
     with torch.inference_mode():
-        p.program.start_turn(turn("b", 1.0, 7), second.append)
-    late = p.program.sessions["b"].turn
+        p.program.start_turn(turn("b", 1.0, seed + 1), second.append)
     assert p.program.counters()["turns_waiting"] == 1
+    return p, first, second, before
+
+
+def test_a_turn_waits_while_a_playing_stream_runs_low_then_starts_and_finishes():
+    p, first, second, _ = behind_a_dry_stream(6)
+    late = p.program.sessions["b"].turn
     assert not any(w.turn is late for stage in p.stages for w in stage.scheduler.works)  # not in any stage
     run_to_end(p, second)  # stepping feeds the playing stream until it is ahead again, then the turn starts
     assert isinstance(second[-1], TurnDone) and second[-1].status in ("completed", "length")
@@ -184,21 +185,8 @@ def test_a_turn_waits_while_a_playing_stream_runs_low_then_starts_and_finishes()
 
 
 def test_a_waiting_turn_cancelled_leaves_nothing_behind():
-    p, _ = stepper()
-    first: list = []
-    with torch.inference_mode():
-        p.program.start_turn(turn("a", 1.0, 8, GenerationOptions(greedy=True, max_text_tokens=40, max_frames=40)),
-                             first.append)
-    state = p.program.sessions["a"].turn
-    until_first_audio(p, state)
-    time.sleep(max(0.0, state.urgency()) + 0.01)
-    before = p.program.kv_check()
-    second: list = []
-    with torch.inference_mode():
-        p.program.start_turn(turn("b", 1.0, 9), second.append)
-    waiting = p.program.sessions["b"].turn
-    assert p.program.counters()["turns_waiting"] == 1
-    waiting.finish("cancelled")
+    p, first, second, before = behind_a_dry_stream(8)
+    p.program.sessions["b"].turn.finish("cancelled")
     assert second[-1].status == "cancelled"
     c = p.program.counters()
     assert c["turns_waiting"] == 0 and c["turns_active"] == 1 and p.program.kv_check() == before
@@ -211,11 +199,7 @@ def test_a_waiting_turn_cancelled_leaves_nothing_behind():
 def test_every_stage_holds_its_prefills_while_a_playing_stream_is_about_to_run_dry():
     """Stream a has FED_S..URGENT_S buffered: a new turn is admitted, but its audio encoding (and so its thinker
     prefill) waits while a's talker and Code2Wav run; once a is safely ahead, b starts and finishes."""
-    p, s = stepper()
-    first: list = []
-    with torch.inference_mode():
-        p.program.start_turn(turn("a", 1.0, 10, GenerationOptions(greedy=True, max_text_tokens=60, max_frames=60)),
-                             first.append)
+    p, _, first = started("a", 10, GenerationOptions(greedy=True, max_text_tokens=60, max_frames=60))
     a = p.program.sessions["a"].turn
     until_first_audio(p, a)
     a.t_first_audio -= a.urgency() - (FED_S + URGENT_S) / 2  # as if the listener had played it down to this
