@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,9 +17,21 @@ from .rows import Rows
 from .work import Turn, Work
 
 
+@dataclass(kw_only=True)
 class SpeakingState:
-    """Reads and writes the subclass's fields: turn_id, session, options (max_frames), emit_event, on_close,
-    codes, frames_out, talker_done, audio_stop, audio_samples, rate, finished, t_start, t_first_audio."""
+    """Its own fields, and the subclass's (a dataclass): turn_id, session, options (max_frames), emit_event, rate."""
+
+    on_close: Callable[[], None] = lambda: None
+    codes: list[list[int]] = field(default_factory=list)
+    frames_out: list[torch.Tensor] = field(default_factory=list)  # [16] codes waiting for the codec
+    talker_done: bool = False
+    audio_stop: str = "completed"
+    audio_done: bool = False
+    audio_samples: int = 0
+    finished: bool = False
+    held: bool = False  # started before the commit: runs behind committed work, events held back
+    t_start: float = field(default_factory=time.perf_counter)
+    t_first_audio: float | None = None
 
     def emit(self, event: Event) -> None:
         if not self.finished:

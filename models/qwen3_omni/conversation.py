@@ -61,7 +61,6 @@ class TurnState(SpeakingState):
     im_end: int
     tts: TtsEmbeds | None  # None: the model does not speak
     rate: int  # output audio samples per second
-    on_close: Callable[[], None] = lambda: None
     prompt_ids: list[int] = field(default_factory=list)  # this turn's new thinker inputs
     cached_tokens: int = 0
     audio_features: list[torch.Tensor | AudioStream] = field(default_factory=list)  # or encoded as it arrived
@@ -77,17 +76,7 @@ class TurnState(SpeakingState):
     # talker side
     head_embeds: torch.Tensor | None = None  # thinker embeds of <|im_start|>assistant\n + reply token 0
     trailing: list[torch.Tensor] = field(default_factory=list)  # talker text rows for decode steps
-    talker_done: bool = False
-    audio_stop: str = "completed"
-    codes: list[list[int]] = field(default_factory=list)
-    frames_out: list[torch.Tensor] = field(default_factory=list)  # [16] codes waiting for Code2Wav
-    audio_done: bool = False
-    audio_samples: int = 0
-    finished: bool = False
-    held: bool = False  # started before the commit: runs behind committed work, events held back
-    t_start: float = field(default_factory=time.perf_counter)
     t_first_text: float | None = None
-    t_first_audio: float | None = None
 
     @property
     def reply_done(self) -> bool:

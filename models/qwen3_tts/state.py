@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -36,16 +36,6 @@ class TurnState(SpeakingState):
     text_ids: tuple[int, ...]
     input_tokens: int
     rate: int
-    on_close: Callable[[], None] = lambda: None
-    codes: list[list[int]] = field(default_factory=list)
-    frames_out: list[torch.Tensor] = field(default_factory=list)  # [16] codes waiting for the codec
-    talker_done: bool = False
-    audio_stop: str = "completed"
-    audio_done: bool = False
-    audio_samples: int = 0
-    finished: bool = False
-    t_start: float = field(default_factory=time.perf_counter)
-    t_first_audio: float | None = None
 
     def urgency(self) -> float:
         """Seconds of audio the listener still has buffered; before the first audio, minus the wait."""
