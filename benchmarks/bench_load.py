@@ -380,6 +380,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--out", help="append the JSON lines to this file")
     ap.add_argument("--voice-model", nargs="?", const="random", default="",
                     help="a Qwen3-TTS voice speaks (no value: random weights, 1.7B or tiny; or a checkpoint directory)")
+    ap.add_argument("--play-ahead-s", type=float, default=0.0,
+                    help="serve --play-ahead-s: a reply that far ahead of its playback waits (default 0: off)")
     args = ap.parse_args(argv)
     try:
         levels = [int(x) for x in args.sessions.split(",")]
@@ -390,8 +392,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.audio_seconds < 0.2 or args.spread_s < 0 or args.text_tokens < 1 or args.frames < 1:
         ap.error("need --audio-seconds >= 0.2 (the server's minimum commit is 100 ms), --spread-s >= 0, "
                  "--text-tokens >= 1, --frames >= 1")
-    if args.turns < 1 or args.pause_s < 0:
-        ap.error("need --turns >= 1 and --pause-s >= 0")
+    if args.turns < 1 or args.pause_s < 0 or args.play_ahead_s < 0:
+        ap.error("need --turns >= 1, --pause-s >= 0 and --play-ahead-s >= 0")
     voice, tiny = None, False
     if args.voice_model:
         from models.qwen3_tts.voice import build_voice
@@ -401,7 +403,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             else build_voice("tiny-tts" if tiny else args.voice_model, args.device, args.dtype)
     header, program = random_program(args.tiny, args.device, args.dtype, voice)
     header["voice_model"] = "tiny-tts" if args.voice_model and tiny else args.voice_model or "qwen3-omni talker"
+    header["play_ahead_s"] = args.play_ahead_s
     with Pipeline(program) as pipeline:
+        pipeline.play_ahead_s = args.play_ahead_s
         lines = asyncio.run(run_levels(pipeline, args, levels, header))
     print(table(lines), file=sys.stderr)
     return lines

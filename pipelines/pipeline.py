@@ -38,6 +38,7 @@ class Pipeline:
     def __init__(self, program: StagedProgram, idle_wait_s: float = 0.05) -> None:
         self.program = program
         self.idle_wait_s = idle_wait_s
+        self.play_ahead_s = 0.0  # >0: a stream that far ahead of its playback waits (Scheduler.schedule's ahead_s)
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -198,10 +199,10 @@ class Pipeline:
         urgent = self.program.urgent()
         ran = False
         for stage in self.program.stages:
-            ran |= self._step(stage, urgent=urgent)
+            ran |= self._step(stage, False, urgent)
         if not ran:  # held turns run behind committed work
             for stage in self.program.stages:
-                ran |= self._step(stage, held=True, urgent=urgent)
+                ran |= self._step(stage, True, urgent)
         if not ran:
             with contextlib.suppress(queue.Empty):
                 self._commands.get(timeout=self.idle_wait_s)()
@@ -217,9 +218,9 @@ class Pipeline:
             except Exception:
                 log.exception("engine command failed")
 
-    def _step(self, stage: Stage, held: bool = False, urgent: bool = False) -> bool:
+    def _step(self, stage: Stage, held: bool, urgent: bool) -> bool:
         try:
-            return stage.step(held, urgent)
+            return stage.step(held, urgent, self.play_ahead_s)
         except Exception as e:  # the batch's turns got an error; the engine and every other turn go on
             log.exception("stage %s failed", stage.name)
             self.error = e

@@ -12,6 +12,7 @@ are scheduled apart (`schedule(held=True)`) and never take KV blocks from commit
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -63,11 +64,14 @@ class Scheduler:
         if self.kv is not None and not work.keep_kv:
             self.kv.release(work.key)
 
-    def schedule(self, held: bool = False, urgent: bool = False) -> Batch | None:
+    def schedule(self, held: bool = False, urgent: bool = False, ahead_s: float = 0.0) -> Batch | None:
         """The next batch of held or of committed works. `urgent`: a stream elsewhere in the pipeline is about to
-        run dry (StagedProgram.urgent): prefills wait, as for one of this stage's own."""
+        run dry (StagedProgram.urgent): prefills wait, as for one of this stage's own. `ahead_s` (0: off): a
+        stream with more than that buffered does not decode (its playback catches up; others get the rows)."""
         ready = [(w, n) for w in list(self.works) if w.held == held and (n := self._pending(w)) > 0]
         ready = [(w, n) for w, n in ready if w in self.works]  # a failed turn's other works left just now
+        if ahead_s > 0:
+            ready = [(w, n) for w, n in ready if not (n == 1 and ahead_s < w.urgency() < math.inf)]
         if not ready:
             return None
         decodes = sorted(((w, n) for w, n in ready if n == 1 and self._cached(w)), key=lambda x: x[0].urgency())

@@ -99,6 +99,9 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-sessions-per-client", type=int, default=16, help="sessions per client address")
     serve.add_argument("--no-encode-ahead", action="store_true", help="encode input audio at the commit, not as it "
                        "arrives (for comparisons)")
+    serve.add_argument("--play-ahead-s", type=float, default=0.0,
+                       help="a reply more than this many seconds of audio ahead of its playback waits, so that under "
+                       "load the batch rows go to the streams that need them (default 0: generate as fast as possible)")
     serve.add_argument("--drain-seconds", type=float, default=30.0,
                        help="on SIGTERM: turn not-ready, refuse new sessions (1013), let open ones run this long, "
                             "then close the rest (1001) and exit 0; a second signal stops at once")
@@ -249,7 +252,7 @@ def serve(args: argparse.Namespace) -> int:
     check_positive(args, "max_sessions", "max_session_minutes", "threads", "max_sessions_per_client")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: a TCP port is 0-65535 (0: any free port)")
-    check_positive(args, "drain_seconds", "drain_notice_seconds", zero_ok=True)
+    check_positive(args, "drain_seconds", "drain_notice_seconds", "play_ahead_s", zero_ok=True)
     check_before_loading(args)
     import torch
 
@@ -269,6 +272,7 @@ def serve(args: argparse.Namespace) -> int:
     ssl_context = tls(args)
     sock = listen(args.host, args.port)
     pipeline = build(args)
+    pipeline.play_ahead_s = args.play_ahead_s
     limits = Limits(max_text_tokens=TINY_REPLY_TOKENS, max_frames=TINY_REPLY_FRAMES) \
         if args.model == pipeline.spec.tiny else Limits()
     limits = replace(limits, encode_ahead=not args.no_encode_ahead and pipeline.audio_ahead() is not None)

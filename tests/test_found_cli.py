@@ -115,6 +115,12 @@ def test_a_non_positive_number_names_one_flag(flag: str):
     assert line.count("--") == 1, line
 
 
+@pytest.mark.parametrize("flag", ["--play-ahead-s", "--drain-seconds"])
+def test_a_negative_number_names_one_flag(flag: str):
+    line = one_line_error(run("serve", flag, "-1"), "serve", f"{flag} must be zero or more")
+    assert line.count("--") == 1, line
+
+
 def test_a_broken_config_says_config_json_once(tmp_path: Path):
     (tmp_path / "config.json").write_text('{"model_type": "qwen3_omni_moe"}')
     line = one_line_error(run("serve", "--model", str(tmp_path)), "serve", "--model", "thinker_config")

@@ -217,3 +217,21 @@ def test_every_stage_holds_its_prefills_while_a_playing_stream_is_about_to_run_d
     run_to_end(p, first)
     for sid in ("a", "b"):
         p.program.end_session(sid)
+
+
+def test_with_play_ahead_s_a_stream_far_ahead_of_its_playback_waits():
+    p, _, events = started("d", 12, GenerationOptions(greedy=True, max_text_tokens=80, max_frames=80))
+    p.play_ahead_s = 0.3
+    d = p.program.sessions["d"].turn
+    until_first_audio(p, d)
+    d.t_first_audio -= d.urgency() - 1.0  # as if the listener had 1 s buffered
+    frames = len(d.codes)
+    for _ in range(3):
+        p._iterate()
+    assert len(d.codes) == frames  # its talker waits while its playback catches up
+    d.t_first_audio -= d.urgency() - 0.1
+    p._iterate()
+    assert len(d.codes) == frames + 1
+    p.play_ahead_s = 0.0
+    assert run_to_end(p, events).status in ("completed", "length")
+    p.program.end_session("d")
