@@ -13,8 +13,8 @@ from .types import GenerationOptions
 
 
 class Reply(Protocol):
-    """What a voice reads of the writer's turn; its stages also fill the turn's speaking fields (codes, frames_out,
-    talker_done, audio: models/common/speaking.py) and read its resolved `options` (sampling, max_frames)."""
+    """What a voice reads of the writer's turn; its stages also fill the turn's speaking fields (codes, frames and
+    audio: models/common/speaking.SpeakingState) and read its resolved `options` (sampling, max_frames)."""
 
     reply_ids: list[int]  # the reply's tokens so far
     reply_done: bool  # no token follows
