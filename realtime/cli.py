@@ -280,8 +280,8 @@ def serve(args: argparse.Namespace) -> int:
                        max_session_s=args.max_session_minutes * 60, limits=limits, bind_host=args.host,
                        allowed_origins=origins, max_sessions_per_client=args.max_sessions_per_client,
                        drain=DrainConfig(args.drain_seconds, args.drain_notice_seconds), data_dir=args.data_dir)
-    startup_line(args, sock, ssl_context is not None, limits.encode_ahead)
-    run(pipeline, cfg, sock, ssl_context)
+    run(pipeline, cfg, sock, ssl_context,
+        started=lambda: startup_line(args, sock, ssl_context is not None, limits.encode_ahead))
     return 0
 
 

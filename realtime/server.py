@@ -314,11 +314,18 @@ def _refuse(status: int, code: str, message: str) -> web.Response:
                              status=status)
 
 
-def run(pipeline: Pipeline, cfg: ServerConfig, sock: socket.socket, ssl_context: ssl.SSLContext | None = None) -> None:
-    """Serve on `sock` (bound already: a port in use fails before the model loads) until a signal's drain ends."""
+def run(pipeline: Pipeline, cfg: ServerConfig, sock: socket.socket, ssl_context: ssl.SSLContext | None = None,
+        started: Callable[[], None] = lambda: None) -> None:
+    """Serve on `sock` (bound already: a port in use fails before the model loads) until a signal's drain ends.
+    `started` runs once the signal handlers are in place, so a signal sent after it always drains."""
     server = Server(pipeline, cfg)
     app = server.app()
     app.on_startup.append(server.drain.install_signals)
+
+    async def announce(_: web.Application) -> None:
+        started()
+
+    app.on_startup.append(announce)
     with pipeline:
         web.run_app(app, sock=sock, ssl_context=ssl_context, print=None, handle_signals=False,
                     shutdown_timeout=cfg.close_timeout_s + 1)
