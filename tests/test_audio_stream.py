@@ -9,7 +9,7 @@ import torch
 
 from models.qwen3_omni.audio_encoder import AudioEncoder
 from models.qwen3_omni.audio_features import log_mel
-from models.qwen3_omni.audio_stream import AudioStream
+from models.qwen3_omni.audio_stream import AudioStream, finish_all
 from models.qwen3_omni.config import AudioEncoderConfig
 from models.qwen3_omni.tiny import tiny_config
 
@@ -69,6 +69,24 @@ def test_streamed_equals_whole_buffer(tower, seconds, piece, louder_at):
     torch.testing.assert_close(s_feats, feats, rtol=0, atol=1e-6)
     assert s_out.shape == out.shape
     torch.testing.assert_close(s_out, out, rtol=1e-5, atol=1e-5)
+
+
+def test_streams_finished_together_equal_each_finished_alone(tower):
+    """The engine finishes every committed stream of a step in one transformer call (EncoderStep): each output
+    is what its own finish gives, and the whole buffer's, for a short, a mid and a windowed audio."""
+    audios = [speech(s, 7 + i) for i, s in enumerate((0.6, 3.0, 2.2, 18.5))]
+    streams = [AudioStream(tower) for _ in audios]
+    for stream, audio in zip(streams, audios, strict=True):
+        for start in range(0, audio.numel(), 3200):
+            stream.push(audio[start : start + 3200])
+    alone = [s.fork().finish()[1] for s in streams]
+    with torch.inference_mode():
+        together = finish_all(tower, [s.finish_parts()[1] for s in streams])
+    assert [t.shape for t in together] == [a.shape for a in alone]
+    for t, a, audio in zip(together, alone, audios, strict=True):
+        torch.testing.assert_close(t, a, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(t, whole(tower, audio)[1], rtol=1e-5, atol=1e-5)
+    assert streams[3].cached_windows == 2  # 16 s of it was final before the commit: only its tail ran together
 
 
 def test_final_parts_are_encoded_before_the_commit(tower):

@@ -10,6 +10,7 @@ So `finish()` computes only the tail and returns what `log_mel` + the encoder gi
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +60,13 @@ class AudioStream:
 
     def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(features [128, T] as log_mel gives for the whole audio, encoder output [N, output_dim])."""
+        features, tail = self.finish_parts()
+        with torch.inference_mode():
+            return features, finish_all(self.tower, [tail])[0]
+
+    def finish_parts(self) -> tuple[torch.Tensor, Tail]:
+        """`finish` less its last transformer call, which `finish_all` runs for several streams at once:
+        (features, the tail of the encoder output still to compute)."""
         if self.n <= N_FFT // 2:
             raise ValueError(f"audio has {self.n} samples; log-mel needs more than {N_FFT // 2}")
         with torch.inference_mode():
@@ -67,7 +75,7 @@ class AudioStream:
             raw = self.raw[:, :frames]
             floor = float(raw.amax() - 8.0)
             features = (torch.maximum(raw, raw.amax() - 8.0) + 4.0) / 4.0
-            return features, self._encode(features, raw, floor)
+            return features, self._tail(features, raw, floor)
 
     def fork(self) -> AudioStream:
         """A copy that goes on (push, finish) on its own; this one is unchanged."""
@@ -133,10 +141,10 @@ class AudioStream:
     def _device(self) -> torch.device:
         return self.tower.conv2d1.weight.device
 
-    def _encode(self, features: torch.Tensor, raw: torch.Tensor, floor: float) -> torch.Tensor:
+    def _tail(self, features: torch.Tensor, raw: torch.Tensor, floor: float) -> Tail:
         frames = features.shape[1]
         if frames < self.chunk:  # shorter than one chunk: nothing was final, the whole call as the reference
-            return self.tower(features.to(self._device))
+            return Tail([self.tower(features.to(self._device))], None, 0)
         self._refresh_chunks(raw, floor, frames // self.chunk)
         first = len(self.windows) * self.window_chunks  # first chunk the transformer still has to see
         tail = features[:, len(self.chunks) * self.chunk :]
@@ -145,8 +153,26 @@ class AudioStream:
             piece = F.pad(tail, (0, self.chunk - tail.shape[1]))[None]  # padded to a full chunk, as in the whole call
             e = self.tower.embed_chunks(piece.to(self._device))[0]
             done.append(e[: int(self.tower.token_count(tail.shape[1]))])
-        outs = list(self.windows)
-        if done:
-            rest = frames - first * self.chunk
-            outs.append(self.tower.transform(torch.cat(done), [rest], self.chunk_tokens))
-        return torch.cat(outs)
+        rest = frames - first * self.chunk
+        return Tail(list(self.windows), torch.cat(done) if done else None, rest)
+
+
+@dataclass
+class Tail:
+    """An audio's encoder output as finished windows plus chunk embeddings the transformer has yet to see."""
+
+    windows: list[torch.Tensor]
+    embeds: torch.Tensor | None  # [tokens, d_model] of the last `frames` mel frames
+    frames: int
+
+
+def finish_all(tower: AudioEncoder, tails: list[Tail]) -> list[torch.Tensor]:
+    """Each tail's whole encoder output; what the tails still need of the transformer runs in one call (attention
+    windows restart at each audio, as alone)."""
+    open_ = [t for t in tails if t.embeds is not None]
+    rest: list[torch.Tensor] = []
+    if open_:
+        chunk_tokens = int(tower.token_count(2 * tower.cfg.n_window))
+        x = tower.transform(torch.cat([t.embeds for t in open_]), [t.frames for t in open_], chunk_tokens)
+        rest = list(x.split([t.embeds.shape[0] for t in open_]))
+    return [torch.cat(t.windows + ([rest.pop(0)] if t.embeds is not None else [])) for t in tails]

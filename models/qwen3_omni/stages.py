@@ -10,7 +10,7 @@ from models.common.speaking import FrameWork
 from models.common.work import Work
 from pipelines.kv_cache import PagedKVCache
 
-from .audio_stream import AudioStream
+from .audio_stream import AudioStream, Tail, finish_all
 from .conversation import TurnState
 from .model import Qwen3Omni
 
@@ -77,15 +77,15 @@ class EncoderStep:
         """Turns whose audios all last a chunk (one second) or more encode in one call, exactly as alone; one
         with a shorter audio encodes alone (the reference pads a short chunk to the call's longest)."""
         chunk = 2 * self.model.cfg.thinker.audio.n_window
+        tower = self.model.thinker.audio_tower
         ahead = [w for w in works if any(isinstance(f, AudioStream) for f in w.turn.audio_features)]
-        for w in ahead:  # encoded as the audio arrived: only the tail is left
-            parts = [f.finish()[1] if isinstance(f, AudioStream) else self.model.thinker.audio_tower(
-                f.to(self.device, self.dtype)) for f in w.turn.audio_features]
-            self._embed(w, torch.cat(parts))
+        tails = [self._tail(f) for w in ahead for f in w.turn.audio_features]
+        outs = finish_all(tower, tails)  # encoded as the audio arrived: the tails' last transformer call, shared
+        for w in ahead:
+            self._embed(w, torch.cat([outs.pop(0) for _ in w.turn.audio_features]))
         works = [w for w in works if w not in ahead]
         full = [w for w in works if all(f.shape[1] >= chunk for f in w.turn.audio_features)]
         groups = [full] * bool(full) + [[w] for w in works if w not in full]
-        tower = self.model.thinker.audio_tower
         for group in groups:
             feats = [f.to(self.device, self.dtype) for w in group for f in w.turn.audio_features]
             audio = tower(feats) if feats else None
@@ -94,6 +94,11 @@ class EncoderStep:
                 n = sum(int(tower.token_count(f.shape[1])) for f in w.turn.audio_features)
                 self._embed(w, None if audio is None else audio[start : start + n])
                 start += n
+
+    def _tail(self, audio: AudioStream | torch.Tensor) -> Tail:
+        if isinstance(audio, AudioStream):
+            return audio.finish_parts()[1]
+        return Tail([self.model.thinker.audio_tower(audio.to(self.device, self.dtype))], None, 0)
 
     def _embed(self, w: EncoderWork, audio: torch.Tensor | None) -> None:
         ids = torch.tensor([w.turn.prompt_ids], device=self.device)
