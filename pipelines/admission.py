@@ -1,8 +1,9 @@
 """Admission: a new turn's works enter the stages only while the engine keeps the streams it speaks fed.
 
-A committed turn waits while any stream already playing has less than FED_S of audio buffered (the engine is not
-making audio faster than it is played: one more stream would starve them all); the waiting turns then start
-together, oldest first, their prefills batched. A turn never waits longer than MAX_WAIT_S: an engine that cannot
+A committed turn waits while any stream already playing has less than FED_S of audio buffered but is still ahead
+of its listener (the engine is not making audio faster than it is played: one more stream would starve them all);
+the waiting turns then start together, oldest first, their prefills batched. A stream already behind is not helped
+by holding newcomers back: it has no say. A turn never waits longer than MAX_WAIT_S: an engine that cannot
 keep even its present streams fed serves everyone as best it can. Held turns run only behind committed work and
 are not queued here.
 """
@@ -29,13 +30,14 @@ class Stream(Protocol):
 @dataclass
 class Admission:
     max_wait_s: float = MAX_WAIT_S
+    fed_s: float = FED_S
     queue: dict[str, tuple[float, Callable[[], None]]] = field(default_factory=dict)  # turn -> (since, start)
     waited: int = 0  # turns that started after waiting
     wait_s: float = 0.0  # seconds they waited, in all
 
     def offer(self, turn_id: str, start: Callable[[], None], streams: Iterable[Stream]) -> None:
         """Start the turn now if nothing waits before it and the streams are fed; else queue it."""
-        if not self.queue and fed(streams):
+        if not self.queue and self.fed(streams):
             start()
         else:
             self.queue[turn_id] = (time.perf_counter(), start)
@@ -44,7 +46,7 @@ class Admission:
         """Start the turns whose time has come: all of them while the streams are fed, else those past the cap."""
         if not self.queue:
             return
-        now, ok = time.perf_counter(), fed(streams)
+        now, ok = time.perf_counter(), self.fed(streams)
         for turn_id, (since, start) in list(self.queue.items()):
             if ok or now - since >= self.max_wait_s:
                 del self.queue[turn_id]
@@ -57,6 +59,5 @@ class Admission:
     def counters(self) -> dict:
         return {"turns_waiting": len(self.queue), "turns_waited": self.waited, "admission_wait_s": self.wait_s}
 
-
-def fed(streams: Iterable[Stream]) -> bool:
-    return all(s.t_first_audio is None or s.urgency() >= FED_S for s in streams)
+    def fed(self, streams: Iterable[Stream]) -> bool:
+        return not any(s.t_first_audio is not None and 0 <= s.urgency() < self.fed_s for s in streams)

@@ -196,13 +196,12 @@ class Pipeline:
     def _iterate(self) -> None:
         self._drain()
         self.program.admit()
-        urgent = self.program.urgent()
         ran = False
         for stage in self.program.stages:
-            ran |= self._step(stage, False, urgent)
+            ran |= self._step(stage, False)
         if not ran:  # held turns run behind committed work
             for stage in self.program.stages:
-                ran |= self._step(stage, True, urgent)
+                ran |= self._step(stage, True)
         if not ran:
             with contextlib.suppress(queue.Empty):
                 self._commands.get(timeout=self.idle_wait_s)()
@@ -218,9 +217,9 @@ class Pipeline:
             except Exception:
                 log.exception("engine command failed")
 
-    def _step(self, stage: Stage, held: bool, urgent: bool) -> bool:
+    def _step(self, stage: Stage, held: bool) -> bool:
         try:
-            return stage.step(held, urgent, self.play_ahead_s)
+            return stage.step(held, self.play_ahead_s)
         except Exception as e:  # the batch's turns got an error; the engine and every other turn go on
             log.exception("stage %s failed", stage.name)
             self.error = e

@@ -15,7 +15,6 @@ import torch
 
 from .admission import Admission
 from .held import Gate, HeldTurn
-from .scheduler import URGENT_S
 from .spec import ModelSpec
 from .stage import Stage
 from .types import AudioAhead, Event, Turn, TurnDone, TurnError
@@ -159,10 +158,6 @@ class StagedProgram:
     def admit(self) -> None:
         """Start the waiting turns whose time has come (pipelines/admission.py); once per engine iteration."""
         self.admission.admit(self._streams())
-
-    def urgent(self) -> bool:
-        """A playing stream, still ahead of real time, is about to run dry: every stage's prefills wait."""
-        return any(s.t_first_audio is not None and 0 <= s.urgency() < URGENT_S for s in self._streams())
 
     def _streams(self) -> list[TurnHandle]:
         return [state for turn_id, (state, _) in self.turns.items() if turn_id not in self.admission.queue]

@@ -4,9 +4,11 @@ A work is a sequence with a history of inputs, the first `kv.length(key)` of the
 rest (`pending()`): many is a prefill, one a decode, and an evicted or preempted sequence is recomputed.
 
 A new turn's prefill stands between a listener and their first audio, so prefills go first, within a token
-budget, unless a stream still ahead of real time, in this stage or any other, is about to run dry (under URGENT_S
-buffered); one already behind is not helped by starving new turns. Decodes run most urgent first. Held works
-are scheduled apart (`schedule(held=True)`) and never take KV blocks from committed work.
+budget, unless a stream of this stage still ahead of real time is about to run dry (under URGENT_S buffered);
+one already behind is not helped by starving new turns. Another stage's prefill does not take this stage's step,
+only lengthens the engine's round, so it does not wait (a rule across stages held every new turn back while any
+of 64 streams was near dry: 15 s to first audio on the H200). Decodes run most urgent first. Held works are
+scheduled apart (`schedule(held=True)`) and never take KV blocks from committed work.
 """
 
 from __future__ import annotations
@@ -64,10 +66,9 @@ class Scheduler:
         if self.kv is not None and not work.keep_kv:
             self.kv.release(work.key)
 
-    def schedule(self, held: bool = False, urgent: bool = False, ahead_s: float = 0.0) -> Batch | None:
-        """The next batch of held or of committed works. `urgent`: a stream elsewhere in the pipeline is about to
-        run dry (StagedProgram.urgent): prefills wait, as for one of this stage's own. `ahead_s` (0: off): a
-        stream with more than that buffered does not decode (its playback catches up; others get the rows)."""
+    def schedule(self, held: bool = False, ahead_s: float = 0.0) -> Batch | None:
+        """The next batch of held or of committed works. `ahead_s` (0: off): a stream with more than that
+        buffered does not decode (its playback catches up; others get the rows)."""
         ready = [(w, n) for w in list(self.works) if w.held == held and (n := self._pending(w)) > 0]
         ready = [(w, n) for w, n in ready if w in self.works]  # a failed turn's other works left just now
         if ahead_s > 0:
@@ -76,7 +77,7 @@ class Scheduler:
             return None
         decodes = sorted(((w, n) for w, n in ready if n == 1 and self._cached(w)), key=lambda x: x[0].urgency())
         prefills = sorted(((w, n) for w, n in ready if not (n == 1 and self._cached(w))), key=lambda x: x[0].urgency())
-        urgent = urgent or any(0 <= w.urgency() < URGENT_S for w, _ in decodes)
+        urgent = any(0 <= w.urgency() < URGENT_S for w, _ in decodes)
         if prefills and not urgent:
             batch = self._admit_prefills(prefills)
             if batch is not None:

@@ -58,10 +58,10 @@ class Stage:
     def remove(self, work: Work) -> None:
         self.scheduler.remove(work)
 
-    def step(self, held: bool = False, urgent: bool = False, ahead_s: float = 0.0) -> bool:
-        """Run one batch of held or of committed works, if any; whether anything ran (`urgent`, `ahead_s`:
+    def step(self, held: bool = False, ahead_s: float = 0.0) -> bool:
+        """Run one batch of held or of committed works, if any; whether anything ran (`ahead_s`:
         Scheduler.schedule). A batch whose step raises fails its own works and the error propagates."""
-        batch = self.scheduler.schedule(held, urgent, ahead_s)
+        batch = self.scheduler.schedule(held, ahead_s)
         if batch is None:
             return False
         try:

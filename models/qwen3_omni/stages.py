@@ -21,8 +21,7 @@ class EncoderWork(Work):
         self.done = False
 
     def pending(self) -> int:
-        """The prompt tokens it embeds: a prefill (it waits while a playing stream is about to run dry)."""
-        return 0 if self.done or self.turn.finished else len(self.turn.prompt_ids)
+        return 0 if self.done or self.turn.finished else 1
 
 
 class ThinkerWork(Work):
