@@ -248,7 +248,7 @@ def conversation_summary(sessions: list[list[Result]], args: argparse.Namespace)
 
 
 async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[int], header: dict) -> list[dict]:
-    limits = Limits(max_text_tokens=args.text_tokens, max_frames=args.frames)
+    limits = Limits(max_text_tokens=args.text_tokens, max_frames=args.frames, encode_ahead=not args.no_encode_ahead)
     server = Server(pipeline, ServerConfig(max_sessions=max(levels) + 1, max_sessions_per_client=max(levels) + 1,
                                            limits=limits))
     runner = web.AppRunner(server.app())
@@ -382,6 +382,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="a Qwen3-TTS voice speaks (no value: random weights, 1.7B or tiny; or a checkpoint directory)")
     ap.add_argument("--play-ahead-s", type=float, default=0.0,
                     help="serve --play-ahead-s: a reply that far ahead of its playback waits (default 0: off)")
+    ap.add_argument("--no-encode-ahead", action="store_true",
+                    help="serve --no-encode-ahead: the audio is encoded at the commit, not as it arrives")
     args = ap.parse_args(argv)
     try:
         levels = [int(x) for x in args.sessions.split(",")]
@@ -404,6 +406,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     header, program = random_program(args.tiny, args.device, args.dtype, voice)
     header["voice_model"] = "tiny-tts" if args.voice_model and tiny else args.voice_model or "qwen3-omni talker"
     header["play_ahead_s"] = args.play_ahead_s
+    header["encode_ahead"] = not args.no_encode_ahead
     with Pipeline(program) as pipeline:
         pipeline.play_ahead_s = args.play_ahead_s
         lines = asyncio.run(run_levels(pipeline, args, levels, header))

@@ -92,6 +92,22 @@ def test_input_stream_holds_what_it_hands_over(pipeline):
         assert torch.allclose(got[0], feats, atol=1e-5) and torch.allclose(got[1], want, rtol=1e-4, atol=1e-5)
 
 
+def test_input_stream_encodes_half_a_second_at_a_time(pipeline):
+    """20 ms appends are resampled and encoded once per InputStream.BATCH_S, not one by one; a take holds it all."""
+    x = pcm(speech_like(1.2, 24000, 9))
+    stream = InputStream(AudioFormat(), 16000, pipeline.audio_ahead())
+    piece, batch = 480, int(24000 * InputStream.BATCH_S)
+    seen = []
+    for i in range(0, len(x), piece):
+        stream.push(x[i : i + piece])
+        seen.append((i + piece, stream.ahead.n))
+    assert all(n == 0 for pushed, n in seen if pushed < batch)
+    assert {n for _, n in seen} == {0, *(n for pushed, n in seen if pushed >= batch)}
+    assert len({n for _, n in seen}) == 1 + int(len(x) // batch)  # grew once per batch, not per push
+    audio, ahead = stream.take(last=True)
+    assert ahead.holds(audio) and abs(len(audio) - 1.2 * 16000) <= 2
+
+
 def pcm(samples: np.ndarray) -> torch.Tensor:
     """24 kHz float samples as they arrive over the wire (PCM16)."""
     return torch.from_numpy((np.clip(samples, -1, 1) * 32767).astype("<i2").astype(np.float32) / 32768.0)
