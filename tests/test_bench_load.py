@@ -67,7 +67,8 @@ def test_conversations_of_two_turns_through_the_real_server(tmp_path: Path) -> N
     stages = line["engine"]["stages"]  # what the engine did at this level
     assert set(stages) == {"audio_encoder", "thinker", "talker", "code2wav"}
     assert all(v["steps"] > 0 and v["rows_per_step"] >= 1 and v["ms_per_step"] > 0 for v in stages.values())
-    assert stages["talker"]["steps"] * stages["talker"]["rows_per_step"] >= 4 * 6  # a row per frame, at least
+    talker = stages["talker"]  # a row per frame, at least (rows_per_step is rounded to 0.01)
+    assert talker["steps"] * (talker["rows_per_step"] + 0.005) >= 4 * 6
     assert "first_turn_ttfa_ms_p95" in proc.stderr  # the human table
 
 
