@@ -59,7 +59,7 @@ def kernel_matches_reference(counts, n, k, split, dtype) -> None:
     assert got.dtype == dtype and got.shape == want.shape
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
-    else:  # the same float32 sums up to order, each rounded once to x's dtype: at most one step apart
+    else:  # the same float32 sums up to order, rounded to x's dtype (toward zero by the interpreter): one step
         step = 2**-7 if dtype == torch.bfloat16 else 2**-10
         err = (got.float() - want.float()).abs()
         assert (err <= want.float().abs() * step + 1e-4 * float(want.float().abs().max())).all(), float(err.max())
