@@ -69,7 +69,7 @@ def fp8_experts_(model: nn.Module) -> None:
     with torch.no_grad():
         for m in experts:
             for name, pieces in (("w13", 2), ("w2", 1)):
-                w = getattr(m, name)
-                qs = [quantize(w[e].unflatten(0, (pieces, -1))) for e in range(w.shape[0])]  # small float32 copies
+                qs = [quantize(w.unflatten(0, (pieces, -1))) for w in getattr(m, name)]  # small float32 copies
                 setattr(m, name, nn.Parameter(torch.stack([q for q, _ in qs]).flatten(1, 2), requires_grad=False))
                 m.register_buffer(name + SCALE, torch.stack([s for _, s in qs]).flatten(1, 2))
+    torch.cuda.empty_cache()  # the full-precision experts' memory counts as free when KV caches are sized
