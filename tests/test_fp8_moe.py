@@ -17,6 +17,7 @@ if __name__ == "__main__":
     os.environ["TRITON_INTERPRET"] = "1"
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from models import registry  # noqa: E402
@@ -89,6 +90,14 @@ def test_reference_is_a_matmul_by_each_experts_dequantized_weight():
         w = torch.cat([fp8.dequantize(q[e, :100], scale[e, :1], fp8.BLOCK),
                        fp8.dequantize(q[e, 100:], scale[e, 1:], fp8.BLOCK)])
         torch.testing.assert_close(y[a:b], x[a:b] @ w.T)
+
+
+def test_mismatched_scales_are_refused_before_launch():
+    x, q, scale, ends, _ = make_case([3, 2], 200, 300, None, torch.bfloat16)
+    with pytest.raises(ValueError, match="do not match"):
+        fp8_moe.grouped_mm_triton(x, q, scale, ends, 150)  # halves of 150 and 50 rows: 2 + 1 block rows, not 2
+    with pytest.raises(ValueError, match="do not match"):
+        fp8_moe.grouped_mm_triton(x[:, :256], q, scale, ends)
 
 
 def dequantized_twin(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

@@ -64,7 +64,7 @@ def grouped_mm_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, end
     if w.shape[2] != k or scale.shape != (e, -(-split // 128) + -(-(n - split) // 128), -(-k // 128)):
         raise ValueError(f"x {tuple(x.shape)}, w {tuple(w.shape)}, scale {tuple(scale.shape)} do not match")
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    tiles = (m + (TILE_M - 1) * min(e, m)) // TILE_M  # sum over experts with rows of ceil(rows / TILE_M)
+    tiles = (m + (TILE_M - 1) * min(e, m)) // TILE_M  # >= the sum over experts of ceil(rows / TILE_M)
     if tiles:
         _grouped_kernel[(tiles, triton.cdiv(n, TILE_N))](
             x.contiguous(), w.contiguous(), scale.contiguous(), ends, y, n, k, split, -(-split // 128),
