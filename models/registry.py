@@ -12,7 +12,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.common.fp8 import fp8_experts_
 from pipelines.pipeline import Pipeline
 from pipelines.spec import ModelSpec
 from pipelines.voice import spoken_by
@@ -87,14 +86,12 @@ def build_pipeline(model: str, device: str = "cpu", dtype: str | None = None, gr
     """Load `model` and return its (not yet started) Pipeline. `graphs` None: CUDA graphs on CUDA;
     `kv_memory_gib` None: on CUDA, KV caches from the memory left after the weights. `voice_model`: a model
     whose voice speaks `model`'s replies (loaded first, so `model`'s caches take the memory left).
-    `quantization` "fp8": `model`'s MoE experts quantized once loaded (models/common/fp8.py)."""
+    `quantization` "fp8": `model`'s MoE experts quantized once loaded, before graphs are captured (common/fp8.py)."""
     if quantization not in (None, "fp8"):
         raise ValueError(f"quantization '{quantization}' is not supported (fp8 only)")
     voice = {}
     if voice_model:
         describe(model, voice_model)
         voice["voice"] = _load(entry(voice_model).voice)(voice_model, device, dtype, graphs)
-    pipeline = _load(entry(model).builder)(model, device, dtype, graphs, kv_memory_gib, **voice, **stage_overrides)
-    if quantization:
-        fp8_experts_(pipeline.program.model)
-    return pipeline
+    return _load(entry(model).builder)(model, device, dtype, graphs, kv_memory_gib, quantization=quantization, **voice,
+                                       **stage_overrides)

@@ -198,26 +198,30 @@ def test_quantize_round_trip_within_fp8_precision():
 
 def test_quantization_flag_rounds_the_experts_only():
     """--quantization fp8 on bf16 weights: each expert's gate, up and down, in 128x128 blocks of its own,
-    becomes its fp8 value (within fp8's error of the bf16 one); every other weight is untouched."""
+    becomes its fp8 value (within fp8's error of the bf16 one), held as fp8 bytes and float32 scales; every
+    other weight is untouched."""
     plain = load_model("tiny", dtype=torch.bfloat16)
     model = load_model("tiny", dtype=torch.bfloat16)
     fp8.fp8_experts_(model)
     before, after = plain.state_dict(), model.state_dict()
-    experts = [n for n in after if n.endswith((".experts.w13", ".experts.w2"))]
+    experts = [n for n in before if n.endswith((".experts.w13", ".experts.w2"))]
     assert len(experts) == 2 * (4 + 2)  # the thinker's 4 MoE layers and the talker's 2
+    assert after.keys() == before.keys() | {n + fp8.SCALE for n in experts}
     for name, w in before.items():
         if name not in experts:
             assert torch.equal(after[name], w), name
             continue
         pieces = w.float().unflatten(1, (2, -1)) if name.endswith("w13") else w.float()[:, None]
-        expected, scales = [], []
+        expected, scales, raw = [], [], []
         for piece in pieces.flatten(0, 1):
             q, scale = fp8.quantize(piece)
+            raw.append(scale)
             scales.append(expand(scale, *piece.shape, (128, 128)))
             expected.append(q.float() * scales[-1])
         expected, scales = torch.stack(expected).view(w.shape), torch.stack(scales).view(w.shape)
-        assert torch.equal(after[name], expected.to(torch.bfloat16)), name
-        assert not torch.equal(after[name], w)
+        assert after[name].dtype == fp8.FP8 and torch.equal(after[name].float() * scales, expected), name
+        assert torch.equal(after[name + fp8.SCALE], torch.stack(raw).view(w.shape[0], -1, raw[0].shape[-1])), name
+        assert not torch.equal(expected.to(torch.bfloat16), w)
         assert ((expected - w.float()).abs() <= w.float().abs() / 16 + scales / 2**10).all(), name
 
 

@@ -1,6 +1,7 @@
 """Block-scaled fp8 weights, the layout of Qwen's FP8 releases: a weight [..., out, in] stored as float8_e4m3fn
 with a float32 `<key>_scale_inv` [..., ceil(out / b0), ceil(in / b1)]; the real weight is each fp8 value times
-its (b0 x b1) block's scale. No fp8 matmul runs yet: weights are held dequantized in the model's dtype."""
+its (b0 x b1) block's scale. A checkpoint's fp8 weights load dequantized into the model's dtype;
+`fp8_experts_` keeps MoE experts in fp8 (their matmul: fp8_moe.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import layers
 from .config import ConfigError
-from .layers import Experts
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
@@ -59,15 +60,16 @@ def quantize(w: torch.Tensor, block: tuple[int, int] = BLOCK) -> tuple[torch.Ten
 
 
 def fp8_experts_(model: nn.Module) -> None:
-    """`--quantization fp8`: every MoE expert weight replaced in place by its fp8 e4m3 value with 128x128 block
-    scales (gate and up quantized apart, as published), held dequantized in the model's dtype: fp8's numbers
-    in the original memory, until an fp8 expert kernel keeps the fp8 bytes and scales themselves."""
-    experts = [m for m in model.modules() if isinstance(m, Experts)]
+    """`--quantization fp8`: every MoE expert weight replaced by its fp8 e4m3 value with 128x128 block scales
+    (gate and up quantized apart, as published; their scales one after the other in `<w>_scale_inv`), so the
+    experts hold only fp8 bytes and scales and run through fp8_moe."""
+    experts = [m for m in model.modules() if isinstance(m, layers.Experts)]
     if not experts:
         raise ValueError("--quantization fp8 quantizes MoE experts, and this model has none")
     with torch.no_grad():
         for m in experts:
-            for w, pieces in ((m.w13, 2), (m.w2, 1)):
-                for e in range(w.shape[0]):  # one expert at a time: the float32 copies stay small
-                    x = w[e].unflatten(0, (pieces, -1))
-                    x.copy_(dequantize(*quantize(x), BLOCK))
+            for name, pieces in (("w13", 2), ("w2", 1)):
+                qs = [quantize(w.unflatten(0, (pieces, -1))) for w in getattr(m, name)]  # small float32 copies
+                setattr(m, name, nn.Parameter(torch.stack([q for q, _ in qs]).flatten(1, 2), requires_grad=False))
+                m.register_buffer(name + SCALE, torch.stack([s for _, s in qs]).flatten(1, 2))
+    torch.cuda.empty_cache()  # the full-precision experts' memory counts as free when KV caches are sized

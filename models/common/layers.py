@@ -13,7 +13,7 @@ from torch import nn
 
 from pipelines.kv_cache import sdpa
 
-from . import fused
+from . import fp8_moe, fused
 from .config import CodePredictorConfig, TextConfig
 
 
@@ -156,7 +156,9 @@ class Experts(nn.Module):
         order = flat.argsort(stable=True)
         rows = order // k
         xs = x[rows]
-        if self.grouped(x):
+        if self.w13.dtype == torch.float8_e4m3fn:  # fp8.fp8_experts_
+            ys = fp8_moe.experts_swiglu(xs, flat[order], self.w13, self.w13_scale_inv, self.w2, self.w2_scale_inv)
+        elif self.grouped(x):
             counts = torch.zeros(self.w13.shape[0], dtype=torch.int32, device=x.device)
             counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))  # bincount syncs; this does not
             ends = counts.cumsum(0, dtype=torch.int32)

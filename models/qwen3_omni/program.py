@@ -11,6 +11,7 @@ import torch
 
 from models.common import chat
 from models.common.code2wav_step import Code2WavStep, Code2WavWork
+from models.common.fp8 import fp8_experts_
 from models.common.speaking import FrameWork
 from models.common.tokenizer import Tokenizer
 from pipelines.kv_cache import PagedKVCache
@@ -215,7 +216,11 @@ def build_pipeline(cfg: PipelineConfig, model: Qwen3Omni | None = None, voice: V
 
 
 def build(model: str, device: str = "cpu", dtype: str | None = None, graphs: bool | None = None,
-          kv_memory_gib: float | None = None, voice: Voice | None = None, **stage_overrides: dict) -> Pipeline:
+          kv_memory_gib: float | None = None, voice: Voice | None = None, quantization: str | None = None,
+          **stage_overrides: dict) -> Pipeline:
     """The registry's entry point: `model` ('tiny', 'tiny-thinker' or a checkpoint) on `device`'s defaults."""
     cfg = PipelineConfig.on(model, device, dtype, graphs, kv_memory_gib, **stage_overrides)
-    return build_pipeline(cfg, voice=voice)
+    net = load_model(cfg.model, cfg.device, getattr(torch, cfg.dtype))
+    if quantization:
+        fp8_experts_(net)
+    return build_pipeline(cfg, net, voice=voice)

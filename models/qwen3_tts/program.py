@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from models.common.code2wav_step import Code2WavStep, Code2WavWork
+from models.common.fp8 import fp8_experts_
 from models.common.tokenizer import Tokenizer
 from pipelines.kv_cache import KVLayout, PagedKVCache
 from pipelines.pipeline import Emit, Pipeline
@@ -147,10 +148,12 @@ class Qwen3TtsProgram(StagedProgram):
 
 
 def build(model: str, device: str = "cpu", dtype: str | None = None, graphs: bool | None = None,
-          kv_memory_gib: float | None = None, **stage_overrides: dict) -> Pipeline:
+          kv_memory_gib: float | None = None, quantization: str | None = None, **stage_overrides: dict) -> Pipeline:
     """The registry's entry point: `model` ('tiny-tts' or a checkpoint directory) on `device`'s defaults."""
     cfg = TtsPipelineConfig.on(model, device, dtype, graphs, kv_memory_gib, **stage_overrides)
     net = load_model(model, device, getattr(torch, cfg.dtype))
+    if quantization:
+        fp8_experts_(net)
     preset = model in PRESETS
     tokenizer = Tokenizer.builtin() if preset else Tokenizer.load(model)
     return Pipeline(Qwen3TtsProgram(net, tokenizer, Generation.read(tiny_generation() if preset else model), cfg))
