@@ -69,7 +69,9 @@ def kernel_matches_reference(counts, n, k, split, dtype) -> None:
 def run_kernel_cases() -> None:
     from triton.runtime.interpreter import InterpretedFunction
 
-    assert isinstance(fp8_moe._grouped_kernel, InterpretedFunction)
+    from models.common import fp8_moe_kernel
+
+    assert isinstance(fp8_moe_kernel.grouped_kernel, InterpretedFunction)
     for case in CASES:
         print("case", case, flush=True)
         kernel_matches_reference(*case)

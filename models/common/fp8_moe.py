@@ -15,12 +15,6 @@ import torch.nn.functional as F
 
 from . import fp8
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only installs: the reference serves
-    triton = None
-
 TILE_M, TILE_N, TILE_K = 16, 64, 128
 
 
@@ -63,46 +57,12 @@ def grouped_mm_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, end
     split = n if split is None else split
     if w.shape[2] != k or scale.shape != (e, -(-split // 128) + -(-(n - split) // 128), -(-k // 128)):
         raise ValueError(f"x {tuple(x.shape)}, w {tuple(w.shape)}, scale {tuple(scale.shape)} do not match")
+    from . import fp8_moe_kernel as K  # Triton only on this path (a test may set TRITON_INTERPRET first)
+
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     tiles = (m + (TILE_M - 1) * min(e, m)) // TILE_M  # >= the sum over experts of ceil(rows / TILE_M)
     if tiles:
-        _grouped_kernel[(tiles, triton.cdiv(n, TILE_N))](
+        K.grouped_kernel[(tiles, -(-n // TILE_N))](
             x.contiguous(), w.contiguous(), scale.contiguous(), ends, y, n, k, split, -(-split // 128),
-            scale.shape[1], scale.shape[2], e, triton.next_power_of_2(e), TILE_M, TILE_N, TILE_K)
+            scale.shape[1], scale.shape[2], e, 1 << (e - 1).bit_length(), TILE_M, TILE_N, TILE_K)
     return y
-
-
-if triton is not None:
-
-    @triton.jit
-    def _grouped_kernel(x_ptr, w_ptr, s_ptr, ends_ptr, y_ptr, n, k, split, split_blocks, s_rows, s_cols,
-                        E: tl.constexpr, E2: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        tile = tl.program_id(0)
-        experts = tl.arange(0, E2)
-        ends = tl.load(ends_ptr + experts, mask=experts < E, other=0)
-        starts = tl.load(ends_ptr + experts - 1, mask=(experts > 0) & (experts < E), other=0)
-        tiles = tl.where(experts < E, (ends - starts + BM - 1) // BM, 0)
-        tile_ends = tl.cumsum(tiles, 0)
-        e = tl.sum((tile_ends <= tile).to(tl.int32), 0)
-        if e >= E:
-            return
-        mine = experts == e
-        first = tl.sum(tl.where(mine, starts, 0), 0) + (tile - tl.sum(tl.where(mine, tile_ends - tiles, 0), 0)) * BM
-        rows = first + tl.arange(0, BM)
-        row_ok = rows < tl.sum(tl.where(mine, ends, 0), 0)
-        cols = tl.program_id(1) * BN + tl.arange(0, BN)
-        col_ok = cols < n
-        block_rows = tl.where(cols < split, cols // 128, split_blocks + (cols - split) // 128)
-        w_rows = w_ptr + e.to(tl.int64) * n * k + cols[:, None] * k
-        s_rows_ptr = s_ptr + (e.to(tl.int64) * s_rows + block_rows) * s_cols
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(0, k, BK):
-            ks = k0 + tl.arange(0, BK)
-            xt = tl.load(x_ptr + rows[:, None] * k + ks[None, :], mask=row_ok[:, None] & (ks[None, :] < k), other=0.0)
-            wt = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & (ks[None, :] < k), other=0.0,
-                         eviction_policy="evict_first")
-            s = tl.load(s_rows_ptr + k0 // 128, mask=col_ok, other=0.0)
-            # float32 operands: bf16 and fp8 values are exact in tf32 (and the interpreter's bf16 dot is wrong)
-            acc += tl.dot(xt.to(tl.float32), tl.trans(wt.to(tl.float32))) * s[None, :]
-        tl.store(y_ptr + rows[:, None] * n + cols[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=row_ok[:, None] & col_ok[None, :])
