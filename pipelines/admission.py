@@ -44,8 +44,6 @@ class Admission:
 
     def admit(self, streams: Iterable[Stream]) -> None:
         """Start the turns whose time has come: all of them while the streams are fed, else those past the cap."""
-        if not self.queue:
-            return
         now, ok = time.perf_counter(), self.fed(streams)
         for turn_id, (since, start) in list(self.queue.items()):
             if ok or now - since >= self.max_wait_s:

@@ -157,7 +157,8 @@ class StagedProgram:
 
     def admit(self) -> None:
         """Start the waiting turns whose time has come (pipelines/admission.py); once per engine iteration."""
-        self.admission.admit(self._streams())
+        if self.admission.queue:  # the streams are listed only when a turn waits
+            self.admission.admit(self._streams())
 
     def _streams(self) -> list[TurnHandle]:
         return [state for turn_id, (state, _) in self.turns.items() if turn_id not in self.admission.queue]

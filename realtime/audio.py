@@ -124,17 +124,20 @@ class InputStream:
         self._resampler = StreamResampler(fmt.rate, rate)
         self._pieces: list[torch.Tensor] = []
         self._waiting: list[torch.Tensor] = []  # pushed, not yet resampled
+        self._waiting_n = 0
         self._batch = int(fmt.rate * self.BATCH_S)
 
     def push(self, pcm: torch.Tensor) -> None:
         self._waiting.append(pcm)
-        if sum(len(p) for p in self._waiting) >= self._batch:
+        self._waiting_n += len(pcm)
+        if self._waiting_n >= self._batch:
             self._flush()
 
     def _flush(self) -> None:
         if self._waiting:
             self._pieces.append(self._resampler.push(torch.cat(self._waiting)))
             self._waiting.clear()
+            self._waiting_n = 0
             self.ahead = _feed(self.ahead, self._pieces[-1])
 
     def take(self, last: bool) -> tuple[torch.Tensor, AudioAhead | None]:
