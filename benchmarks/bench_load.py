@@ -382,6 +382,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="a Qwen3-TTS voice speaks (no value: random weights, 1.7B or tiny; or a checkpoint directory)")
     ap.add_argument("--play-ahead-s", type=float, default=0.0,
                     help="serve --play-ahead-s: a reply that far ahead of its playback waits (default 0: off)")
+    ap.add_argument("--quantization", choices=["fp8"], help="fp8: the MoE experts kept in fp8 (serve's flag)")
     ap.add_argument("--no-encode-ahead", action="store_true",
                     help="serve --no-encode-ahead: the audio is encoded at the commit, not as it arrives")
     args = ap.parse_args(argv)
@@ -403,7 +404,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         tiny = args.tiny and args.voice_model == "random"
         voice = random_voice(args.device, args.dtype) if args.voice_model == "random" and not args.tiny \
             else build_voice("tiny-tts" if tiny else args.voice_model, args.device, args.dtype)
-    header, program = random_program(args.tiny, args.device, args.dtype, voice)
+    header, program = random_program(args.tiny, args.device, args.dtype, voice, args.quantization)
     header["voice_model"] = "tiny-tts" if args.voice_model and tiny else args.voice_model or "qwen3-omni talker"
     header["play_ahead_s"] = args.play_ahead_s
     header["encode_ahead"] = not args.no_encode_ahead

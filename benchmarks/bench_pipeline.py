@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from models.common.fp8 import fp8_experts_  # noqa: E402
 from models.common.tokenizer import Tokenizer  # noqa: E402
 from models.qwen3_omni.config import OmniConfig  # noqa: E402
 from models.qwen3_omni.model import random_model  # noqa: E402
@@ -117,9 +118,11 @@ async def gateway_turns(pipeline: Pipeline, reps: int, audio: torch.Tensor, syst
     return out[1:]
 
 
-def random_program(tiny: bool, device: str, dtype: str | None, voice: object = None) -> tuple[dict, Qwen3OmniProgram]:
+def random_program(tiny: bool, device: str, dtype: str | None, voice: object = None,
+                   quantization: str | None = None) -> tuple[dict, Qwen3OmniProgram]:
     """The benchmarks' model: full size (or tiny) with seeded random weights, and its program (CUDA
-    graphs and KV sizing as `PipelineConfig.on` sets them; `voice`: another model's, pipelines/voice.py).
+    graphs and KV sizing as `PipelineConfig.on` sets them; `voice`: another model's, pipelines/voice.py;
+    `quantization` "fp8": the experts kept in fp8 as `--quantization fp8` keeps them).
     Returns (result header, program)."""
     dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     torch.manual_seed(0)
@@ -128,7 +131,12 @@ def random_program(tiny: bool, device: str, dtype: str | None, voice: object = N
                     "torch": torch.__version__, "dtype": dtype, "size": "tiny" if tiny else "full"}
     t0 = time.perf_counter()
     model = random_model(cfg, device, getattr(torch, dtype))
+    if quantization:
+        fp8_experts_(model)
+        header["quantization"] = quantization
     header["build_s"] = round(time.perf_counter() - t0, 1)
+    if device.startswith("cuda"):
+        header["weights_GiB"] = round(torch.cuda.memory_allocated() / 2**30, 1)
     header["params_B"] = round(sum(p.numel() for p in model.parameters()) / 1e9, 2)
     cfg = PipelineConfig.on("random-weights", device, dtype)
     return header, Qwen3OmniProgram(model, Tokenizer.builtin(), cfg, voice)

@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from models.common.fp8 import fp8_experts_  # noqa: E402
 from models.common.frame_step import FrameStep  # noqa: E402
 from models.qwen3_omni.config import OmniConfig  # noqa: E402
 from models.qwen3_omni.forward import ThinkerDecode  # noqa: E402
@@ -117,15 +118,19 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1024, help="cached tokens per row (thinker); the talker gets 1/4")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--out")
+    ap.add_argument("--quantization", choices=["fp8"], help="fp8: the MoE experts kept in fp8 (serve's flag)")
     ap.add_argument("--profile-dir", help="write an eager kernel profile of the first batch size here")
     args = ap.parse_args()
     dev, dtype = "cuda", torch.bfloat16
     torch.manual_seed(0)
     cfg = OmniConfig.from_hf(tiny_config("a") if args.tiny else json.loads(FULL_CONFIG.read_text()))
     model = random_model(cfg, dev, dtype)
+    if args.quantization:
+        fp8_experts_(model)
     batches = [int(x) for x in args.batches.split(",")]
     buckets = tuple(b for b in BUCKETS if b <= max(batches)) or BUCKETS[:1]
-    res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "context": args.context}
+    res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "context": args.context,
+                 "quantization": args.quantization, "weights_GiB": round(torch.cuda.memory_allocated() / 2**30, 1)}
     greedy = SamplingParams(greedy=True, repetition_penalty=1.05)
     with torch.inference_mode():
         top = max(batches)
