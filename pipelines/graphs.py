@@ -58,21 +58,24 @@ class GraphRunner:
         return {k: v[:b] for k, v in self.buffers.items()}
 
     def capture(self, pool: object | None = None) -> object | None:
-        """Capture every bucket, largest first, sharing `pool` (returned for the next runner)."""
+        """Capture every bucket, largest first, sharing `pool` (returned for the next runner), on the current
+        stream (a new one in place of the default stream): graphs replayed at once on different streams must
+        have been captured on different streams, whose cuBLAS workspaces differ, in different pools."""
         if not self.graphs_on:
             return pool
         start = time.perf_counter()
         pool = pool if pool is not None else torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
+        stream = torch.cuda.current_stream(self.device)
+        if stream == torch.cuda.default_stream(self.device):
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
         for b in sorted(self.buckets, reverse=True):
-            self._pad(0, b)
-            views = self.views(b)
-            with torch.cuda.stream(side):
+            with torch.cuda.stream(stream):
+                self._pad(0, b)
+                views = self.views(b)
                 self.step(views)  # warm-up: lazy initialisation and compilation stay out of the graph
-            torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
                 out = self.step(views)
             self.graphs[b] = (graph, out)
         torch.cuda.synchronize(self.device)

@@ -7,6 +7,7 @@ the paged KV view for exactly these rows, then commits the cached lengths and ti
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -21,11 +22,16 @@ class StepModel(Protocol):
         ...
 
 
+Finish = Callable[[], None]
+
+
 class DecodeModel(StepModel, Protocol):
     """A StepModel with a fixed-shape step for one new input per row (captured as CUDA graphs)."""
 
-    def decode(self, works: list[Work]) -> bool:
-        """Run the batch through the fixed-shape step; False (nothing done) when it cannot take it."""
+    def decode(self, works: list[Work]) -> Finish | None:
+        """Launch the batch through the fixed-shape step and return what reads its results back and hands them on
+        (the stage calls it at once, or after the next stages launched: StageConfig.overlap); None (nothing done)
+        when it cannot take the batch."""
         ...
 
     def capture(self, pool: object | None) -> object | None:
@@ -58,15 +64,24 @@ class ModelRunner:
         with torch.inference_mode():
             return capture(pool)
 
-    def run(self, batch: Batch) -> None:
+    def run(self, batch: Batch) -> Finish | None:
+        """Run a batch; a decode may leave its results to the Finish returned."""
         start = time.perf_counter()
         with torch.inference_mode(), torch.profiler.record_function(self.name):
             decode = getattr(self.model, "decode", None)
-            if batch.prefill or decode is None or not decode(batch.works):
+            finish = None if batch.prefill or decode is None else decode(batch.works)
+            if finish is None:
                 self.model.run(batch.works, batch.lengths, batch.prefill)
             if self.kv is not None:
                 for w, n in zip(batch.works, batch.lengths, strict=True):
                     if self.kv.has(w.key):
                         self.kv.commit(w.key, n)
         self.steps, self.rows = self.steps + 1, self.rows + len(batch.works)
+        self.busy_s += time.perf_counter() - start
+        return None if finish is None else lambda: self._timed(finish)
+
+    def _timed(self, finish: Finish) -> None:
+        start = time.perf_counter()
+        with torch.inference_mode(), torch.profiler.record_function(self.name):
+            finish()
         self.busy_s += time.perf_counter() - start

@@ -9,7 +9,8 @@
 
 The engine thread owns every model, cache and work item; other threads only queue commands, so the
 gateway's asyncio loop never blocks on a model step. Each iteration runs one batch of each stage in
-pipeline order, so a reply's first frame can be decoded in the iteration that made it.
+pipeline order, so a reply's first frame can be decoded in the iteration that made it; an overlapping stage's
+decode (StageConfig.overlap) runs on the GPU beside the later stages and hands its results on at the round's end.
 """
 
 from __future__ import annotations
@@ -196,12 +197,7 @@ class Pipeline:
     def _iterate(self) -> None:
         self._drain()
         self.program.admit()
-        ran = False
-        for stage in self.program.stages:
-            ran |= self._step(stage, False)
-        if not ran:  # held turns run behind committed work
-            for stage in self.program.stages:
-                ran |= self._step(stage, True)
+        ran = self._round(False) or self._round(True)  # held turns run behind committed work
         if not ran:
             with contextlib.suppress(queue.Empty):
                 self._commands.get(timeout=self.idle_wait_s)()
@@ -217,9 +213,18 @@ class Pipeline:
             except Exception:
                 log.exception("engine command failed")
 
-    def _step(self, stage: Stage, held: bool) -> bool:
+    def _round(self, held: bool) -> bool:
+        """One batch of each stage in order; an overlapping stage's decode finishes after the others launched."""
+        ran = False
+        for stage in self.program.stages:
+            ran |= self._guarded(stage, lambda s=stage: s.launch(held, self.play_ahead_s))
+        for stage in self.program.stages:
+            self._guarded(stage, stage.finish)
+        return ran
+
+    def _guarded(self, stage: Stage, fn: Callable[[], bool | None]) -> bool:
         try:
-            return stage.step(held, self.play_ahead_s)
+            return bool(fn())
         except Exception as e:  # the batch's turns got an error; the engine and every other turn go on
             log.exception("stage %s failed", stage.name)
             self.error = e

@@ -94,12 +94,12 @@ class StagedProgram:
 
     # shared
     def capture(self) -> float:
-        """Capture every stage's fixed-shape steps (CUDA graphs on) in one shared pool; returns seconds."""
-        start, pool = time.perf_counter(), None
+        """Capture every stage's fixed-shape steps (CUDA graphs on), each stage on its stream; returns seconds."""
+        start = time.perf_counter()
         for stage in self.stages:
-            pool = stage.runner.capture(pool)
+            stage.capture()
         seconds = time.perf_counter() - start
-        if pool is not None:
+        if any(s.stream is not None for s in self.stages):
             log.info("CUDA graphs captured in %.1f s", seconds)
         return seconds
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -9,7 +11,7 @@ import torch
 from .graphs import BUCKETS
 from .kv_cache import PagedKVCache
 from .model_runner import ModelRunner, StepModel
-from .scheduler import Scheduler, Work
+from .scheduler import Batch, Scheduler, Work
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class StageConfig:
     block_size: int = 16
     graphs: bool = False  # capture fixed-shape steps as CUDA graphs (CUDA only; eager otherwise)
     graph_context: int = 8192  # tokens a decode row may hold to run the fixed-shape step (longer: eager)
+    overlap: bool = False  # its decode runs beside the later stages of the round, which see its results next round
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_prefill_tokens < 1 or self.kv_blocks < 0 or self.block_size < 1:
@@ -42,11 +45,32 @@ class StageConfig:
 
 
 class Stage:
+    """On CUDA a stage runs on a stream of its own, its graphs captured there in a pool of their own, so that an
+    overlapping stage's step runs on the GPU beside the next stages' (what they share is what a host sync made)."""
+
     def __init__(self, cfg: StageConfig, model: StepModel, kv: PagedKVCache | None) -> None:
         self.cfg = cfg
         self.kv = kv
         self.scheduler = Scheduler(self.kv, cfg.max_batch, cfg.max_prefill_tokens)
         self.runner = ModelRunner(model, self.kv, torch.device(cfg.device), cfg.name)
+        cuda = torch.device(cfg.device).type == "cuda"
+        self.stream = torch.cuda.Stream(torch.device(cfg.device)) if cuda else None
+        self._unfinished: tuple[Callable[[], None], Batch] | None = None
+
+    @contextlib.contextmanager
+    def on_stream(self) -> Iterator[None]:
+        """The stage's stream as the current one, after all work queued on the default stream (other threads'
+        and the engine's own between steps)."""
+        if self.stream is None:
+            yield
+            return
+        self.stream.wait_stream(torch.cuda.default_stream(self.stream.device))
+        with torch.cuda.stream(self.stream):
+            yield
+
+    def capture(self) -> None:
+        with self.on_stream():
+            self.runner.capture(None)
 
     @property
     def name(self) -> str:
@@ -61,14 +85,40 @@ class Stage:
     def step(self, held: bool = False, ahead_s: float = 0.0) -> bool:
         """Run one batch of held or of committed works, if any; whether anything ran (`ahead_s`:
         Scheduler.schedule). A batch whose step raises fails its own works and the error propagates."""
-        batch = self.scheduler.schedule(held, ahead_s)
-        if batch is None:
-            return False
+        ran = self.launch(held, ahead_s)
+        self.finish()
+        return ran
+
+    def launch(self, held: bool = False, ahead_s: float = 0.0) -> bool:
+        """`step`, but an overlapping stage's decode is left running until `finish`. Its results reach the next
+        stages a round late, so it runs ahead of their playback (`ahead_s` does not hold it back)."""
+        with self.on_stream():  # what the works compute as they are scheduled runs on the stage's stream too
+            batch = self.scheduler.schedule(held, 0.0 if self.cfg.overlap else ahead_s)
+            if batch is None:
+                return False
+            with self._failing(batch):
+                finish = self.runner.run(batch)
+        if finish is not None:
+            self._unfinished = (finish, batch)
+            if not self.cfg.overlap:
+                self.finish()
+        return True
+
+    def finish(self) -> None:
+        """Read back the results of a decode left running and hand them on."""
+        if self._unfinished is None:
+            return
+        finish, batch = self._unfinished
+        self._unfinished = None
+        with self._failing(batch), self.on_stream():
+            finish()
+
+    @contextlib.contextmanager
+    def _failing(self, batch: Batch) -> Iterator[None]:
         try:
-            self.runner.run(batch)
+            yield
         except Exception as e:
             for work in batch.works:
                 work.fail("internal_error", f"{self.name}: {type(e).__name__}: {e}")
                 self.remove(work)
             raise
-        return True

@@ -205,6 +205,7 @@ def test_a_new_turn_is_encoded_beside_a_stream_near_dry_in_another_stage():
     p, _, first = started("a", 10, GenerationOptions(greedy=True, max_text_tokens=60, max_frames=60))
     a = p.program.sessions["a"].turn
     until_first_audio(p, a)
+    p._iterate()  # the overlapping thinker's next token reaches the talker a round later: now a's next frame can run
     a.t_first_audio -= a.urgency() - (FED_S + URGENT_S) / 2  # as if the listener had played it down to this
     assert FED_S < a.urgency() < URGENT_S
     second: list = []

@@ -14,6 +14,7 @@ import torch
 from pipelines import kv_views
 from pipelines.graphs import GraphRunner, Tensors
 from pipelines.kv_cache import PagedKVCache
+from pipelines.model_runner import Finish
 from pipelines.sampling import sampling_rows
 from pipelines.stage import StageConfig
 from pipelines.types import GenerationOptions
@@ -89,15 +90,16 @@ class FrameStage:
                 "no_eos": [o.ignore_eos for o in opts], **sampling_rows("t", [o.talker for o in opts]),
                 **sampling_rows("p", [o.predictor for o in opts])}
 
-    def decode(self, works: list[FrameWork]) -> bool:
+    def decode(self, works: list[FrameWork]) -> Finish | None:
         if any(self.kv.length(w.key) >= self.context for w in works):  # its next token would not fit
-            return False
+            return None
         works = self._slots(works)
-        if works:
-            rows = kv_views.rows(self.kv, [w.key for w in works], self.width) | self._rows(works) | {
-                "x": torch.cat([w.inputs.tail(self.kv.length(w.key)) for w in works])}
-            self._commit(works, self.graph(len(works), rows))
-        return True
+        if not works:
+            return lambda: None
+        rows = kv_views.rows(self.kv, [w.key for w in works], self.width) | self._rows(works) | {
+            "x": torch.cat([w.inputs.tail(self.kv.length(w.key)) for w in works])}
+        out = self.graph(len(works), rows)
+        return lambda: self._commit(works, out)
 
     def run(self, works: list[FrameWork], lengths: list[int], prefill: bool) -> None:
         for call in self.prefill.calls(works, lengths):

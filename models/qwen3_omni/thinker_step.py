@@ -9,6 +9,7 @@ from models.common.work import GREEDY, NAN_MESSAGE
 from pipelines import kv_views
 from pipelines.graphs import GraphRunner, Tensors
 from pipelines.kv_cache import PagedKVCache
+from pipelines.model_runner import Finish
 from pipelines.sampling import sampling_rows
 from pipelines.stage import StageConfig
 
@@ -39,18 +40,18 @@ class ThinkerStep:
     def capture(self, pool: object | None) -> object | None:
         return self.prefill.capture(self.graph.capture(pool))
 
-    def decode(self, works: list[ThinkerWork]) -> bool:
-        """One reply token per row through the fixed-shape step; False if a row is not a plain decode."""
+    def decode(self, works: list[ThinkerWork]) -> Finish | None:
+        """One reply token per row through the fixed-shape step; None if a row is not a plain decode."""
         for w in works:
             s = w.turn.session
             if not w.turn.reply_ids or self.kv.length(w.key) != len(s.ids) - 1:
-                return False
+                return None
             if len(self.kv.seqs[w.key].blocks) > self.width:
-                return False
+                return None
         x = torch.cat([w.turn.session.embeds.tail(len(w.turn.session.ids) - 1) for w in works])
         rows = kv_views.rows(self.kv, [w.key for w in works], self.width) | self._rows(works) | {"x": x}
-        self._commit(works, self.graph(len(works), rows))
-        return True
+        out = self.graph(len(works), rows)
+        return lambda: self._commit(works, out)
 
     def run(self, works: list[ThinkerWork], lengths: list[int], prefill: bool) -> None:
         for call in self.prefill.calls(works, lengths):
