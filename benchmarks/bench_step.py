@@ -28,7 +28,6 @@ from models.qwen3_omni.tiny import FULL_CONFIG, tiny_config  # noqa: E402
 from pipelines import kv_views  # noqa: E402
 from pipelines.graphs import BUCKETS, GraphRunner  # noqa: E402
 from pipelines.kv_cache import KVLayout, PagedKVCache  # noqa: E402
-from pipelines.model_runner import no_cudnn_attention  # noqa: E402
 from pipelines.sampling import SamplingParams, sampling_rows  # noqa: E402
 
 
@@ -118,14 +117,10 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--context", type=int, default=1024, help="cached tokens per row (thinker); the talker gets 1/4")
     ap.add_argument("--reps", type=int, default=50)
-    ap.add_argument("--cudnn-attention", action="store_true",
-                    help="leave cuDNN's attention backend on (the server turns it off: pipelines/model_runner.py)")
     ap.add_argument("--out")
     ap.add_argument("--quantization", choices=["fp8"], help="fp8: the MoE experts kept in fp8 (serve's flag)")
     ap.add_argument("--profile-dir", help="write an eager kernel profile of the first batch size here")
     args = ap.parse_args()
-    if not args.cudnn_attention:
-        no_cudnn_attention()
     dev, dtype = "cuda", torch.bfloat16
     torch.manual_seed(0)
     cfg = OmniConfig.from_hf(tiny_config("a") if args.tiny else json.loads(FULL_CONFIG.read_text()))

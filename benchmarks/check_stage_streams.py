@@ -2,15 +2,17 @@
 (full size, random weights, batch --batch) replayed side by side --reps times, each result compared with the
 same graph replayed alone on the same inputs (graph replays are deterministic, so any difference is corruption).
 
-Two ways of capturing:
+Ways of capturing (--way; one per process, as corruption may end in a device-side assert):
 - `shared`: as before 2026-12-02, both stages' graphs captured in one memory pool, on torch.cuda.graph's default
   capture stream (one stream, hence one cuBLAS workspace, for every graph);
+- `pool`: one pool, each stage's graphs captured on its own stream;
+- `stream`: a pool per stage, all captured on torch.cuda.graph's default capture stream;
 - `per_stage`: as pipelines/stage.py now does, each stage's graphs in a pool of its own, captured on the
   stage's own stream.
-Prints and writes one JSON line: per way, replays whose outputs differed and NaN counts, and the time of a
+Prints and appends one JSON line: replays whose outputs differed and NaN counts per stage, and the time of a
 side-by-side round against the two replayed one after the other.
 
-  python3 benchmarks/check_stage_streams.py --out $OUT/streams.json
+  for w in per_stage shared pool stream; do python3 benchmarks/check_stage_streams.py --way $w --out $OUT/s.jsonl; done
 """
 
 from __future__ import annotations
@@ -32,14 +34,14 @@ from models.qwen3_omni.model import random_model  # noqa: E402
 from models.qwen3_omni.tiny import FULL_CONFIG, tiny_config  # noqa: E402
 from pipelines import kv_views  # noqa: E402
 from pipelines.graphs import GraphRunner  # noqa: E402
-from pipelines.model_runner import no_cudnn_attention  # noqa: E402
 from pipelines.sampling import SamplingParams, sampling_rows  # noqa: E402
 
 
-def capture_shared(runners: list[GraphRunner]) -> None:
-    """The old capture: warm-up on a side stream, then torch.cuda.graph's default stream, one pool for all."""
+def capture_default_stream(runners: list[GraphRunner], one_pool: bool) -> None:
+    """The old capture: warm-up on a side stream, then torch.cuda.graph's default capture stream."""
     pool = torch.cuda.graph_pool_handle()
     for r in runners:
+        pool = pool if one_pool else torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         for b in sorted(r.buckets, reverse=True):
@@ -55,10 +57,11 @@ def capture_shared(runners: list[GraphRunner]) -> None:
     torch.cuda.synchronize()
 
 
-def capture_per_stage(runners: list[GraphRunner], streams: list[torch.cuda.Stream]) -> None:
+def capture_own_streams(runners: list[GraphRunner], streams: list[torch.cuda.Stream], one_pool: bool) -> None:
+    pool = torch.cuda.graph_pool_handle() if one_pool else None
     for r, s in zip(runners, streams, strict=True):
         with torch.cuda.stream(s):
-            r.capture(None)
+            r.capture(pool)
 
 
 def outputs(r: GraphRunner, b: int) -> dict[str, torch.Tensor]:
@@ -79,9 +82,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--way", choices=["per_stage", "shared", "pool", "stream"], default="per_stage")
     ap.add_argument("--out")
     args = ap.parse_args()
-    no_cudnn_attention()
     dev, dtype, n = "cuda", torch.bfloat16, args.batch
     torch.manual_seed(0)
     cfg = OmniConfig.from_hf(tiny_config("a") if args.tiny else json.loads(FULL_CONFIG.read_text()))
@@ -97,16 +100,16 @@ def main() -> None:
         seen = torch.zeros(n + 1, tv, dtype=torch.bool, device=dev)
         suppress = torch.zeros(tv, dtype=torch.bool, device=dev)
         keys = [f"s{i}" for i in range(n)]
-        for way in ("shared", "per_stage"):
+        for way in (args.way,):
             tstep = ThinkerDecode(model, tcache, cfg.thinker.text.vocab_size)
             kstep = FrameStep(model.talker, kcache, seen, suppress, cfg.talker.codec_eos_id)
             runners = [GraphRunner("thinker", tstep, tstep.inputs(dtype, twidth, tscratch), dev, (n,), True),
                        GraphRunner("talker", kstep, kstep.inputs(dtype, kwidth, kscratch, n), dev, (n,), True)]
             streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-            if way == "shared":
-                capture_shared(runners)
+            if way in ("shared", "stream"):
+                capture_default_stream(runners, one_pool=way == "shared")
             else:
-                capture_per_stage(runners, streams)
+                capture_own_streams(runners, streams, one_pool=way == "pool")
             g = torch.Generator(device=dev).manual_seed(1)
             rows = [kv_views.rows(tcache, keys, twidth) | {
                         "x": torch.randn(n, 1, cfg.thinker.text.hidden_size, device=dev, dtype=dtype, generator=g),
@@ -163,7 +166,8 @@ def main() -> None:
     line = json.dumps(res)
     print(line)
     if args.out:
-        Path(args.out).write_text(line + "\n")
+        with open(args.out, "a") as f:
+            f.write(line + "\n")
 
 
 if __name__ == "__main__":

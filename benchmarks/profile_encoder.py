@@ -25,7 +25,6 @@ from models.qwen3_omni.audio_encoder import AudioEncoder  # noqa: E402
 from models.qwen3_omni.audio_stream import AudioStream, finish_all  # noqa: E402
 from models.qwen3_omni.config import AudioEncoderConfig  # noqa: E402
 from models.qwen3_omni.tiny import FULL_CONFIG, tiny_config  # noqa: E402
-from pipelines.model_runner import no_cudnn_attention  # noqa: E402
 
 
 def encoder(tiny: bool, device: str, dtype: torch.dtype) -> AudioEncoder:
@@ -75,13 +74,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--streams", default="1,16,64")
     ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--cudnn-attention", action="store_true",
-                    help="leave cuDNN's attention backend on (the server turns it off: pipelines/model_runner.py)")
     ap.add_argument("--out")
     ap.add_argument("--table", help="write the profiler tables of the largest N here")
     args = ap.parse_args()
-    if not args.cudnn_attention:
-        no_cudnn_attention()
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     cuda = args.device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)

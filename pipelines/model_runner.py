@@ -39,21 +39,12 @@ class DecodeModel(StepModel, Protocol):
         ...
 
 
-def no_cudnn_attention() -> None:
-    """Attention without cuDNN's backend (flash / memory-efficient instead). cuDNN builds an execution plan for
-    each new shape, tens of milliseconds, and the eager steps (the audio encoder, prefills outside the captured
-    buckets, Code2Wav's push) meet new shapes all the time (benchmarks/profile_encoder.py)."""
-    torch.backends.cuda.enable_cudnn_sdp(False)
-
-
 class ModelRunner:
     def __init__(self, model: StepModel, kv: PagedKVCache | None, device: torch.device | str, name: str = "") -> None:
         self.model = model
         self.name = f"stage:{name}"
         self.kv = kv
         self.device = torch.device(device)
-        if self.device.type == "cuda":
-            no_cudnn_attention()
         self.steps = self.rows = 0  # batches run, and the rows in them
         self.busy_s = 0.0
 

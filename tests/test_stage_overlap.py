@@ -31,7 +31,8 @@ async def _all(pipeline, ts: list[Turn]) -> list[list]:
 
 
 def replies(device: str, overlap: bool) -> tuple[list, dict]:
-    with build_pipeline("tiny", device=device, thinker={"overlap": overlap}) as pipeline:
+    kv = 1.0 if device == "cuda" else None  # sized from free memory, the second build would find the first's
+    with build_pipeline("tiny", device=device, kv_memory_gib=kv, thinker={"overlap": overlap}) as pipeline:
         assert pipeline.program.by_name["thinker"].cfg.overlap is overlap
         out = []
         for events in asyncio.run(_all(pipeline, turns())):

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .audio_features import audio_token_count, downsampled
 from .config import AudioEncoderConfig
@@ -27,6 +28,9 @@ def sinusoids(length: int, channels: int, device: torch.device, max_timescale: f
     inv = torch.exp(-step * torch.arange(half, device=device).float())
     t = torch.arange(length, device=device)[:, None] * inv[None, :]
     return torch.cat((t.sin(), t.cos()), dim=1)
+
+
+NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class AudioAttention(nn.Module):
@@ -46,7 +50,8 @@ class AudioAttention(nn.Module):
         grid = x.new_zeros(nw * w, 3 * dim)
         grid[slots] = self.qkv(x)
         q, k, v = grid.view(nw, w, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :])
+        with sdpa_kernel(NO_CUDNN):  # cuDNN plans each new window count anew: tens of ms (profile_encoder.py)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :])
         out = out.transpose(1, 2).reshape(nw * w, dim)[slots]
         return self.out_proj(out)
 

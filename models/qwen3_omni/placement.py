@@ -73,7 +73,7 @@ class PipelineConfig:
         return cls(model, device, dtype, stages, kv_memory_gib)
 
 
-KV_HEADROOM_GIB = 10.0  # left free for CUDA graphs, activations and Code2Wav stream state
+KV_HEADROOM_GIB = 12.0  # left free for CUDA graphs (a pool per stage), activations and Code2Wav stream state
 TALKER_TOKEN_SHARE = 0.25  # talker cache tokens per thinker cache token, when sized from memory
 
 
