@@ -14,6 +14,7 @@ from torch import nn
 
 from models.common.code2wav import Code2Wav
 from models.common.fp8 import BLOCK, fp8_experts_
+from models.common.gpu_memory import check_fits
 from models.common.weights import checkpoint_block, random_weights_
 from models.common.weights import load_weights as load_any
 
@@ -55,6 +56,7 @@ def load_model(model: str | Path, device: torch.device | str = "cpu", dtype: tor
             net = Qwen3Omni(cfg)
         if quantization or checkpoint_block(model) == BLOCK:
             fp8_experts_(net, empty=True)
+        check_fits(net, device, dtype)
         load_weights(net, model, device=device, dtype=dtype)
     return _ready(net, model, device, dtype, start)
 
@@ -73,6 +75,7 @@ def random_model(cfg: OmniConfig, device: torch.device | str, dtype: torch.dtype
         torch.set_default_dtype(default)
     if quantization:
         fp8_experts_(net, empty=True)
+    check_fits(net, device, dtype)
     net = net.to_empty(device=device)
     random_weights_(net, seed, dtype)
     return _ready(net, "random weights", device, dtype, start)
