@@ -25,8 +25,10 @@ def cap(device: str, gib: float) -> None:
 
 
 def free_gib(device: str | torch.device) -> float:
-    """GiB this process may still take on CUDA `device`: what the device has free, within the cap."""
+    """GiB this process may still take on CUDA `device`: what the device has free, within the cap (blocks torch
+    keeps cached, e.g. from loading, are released first)."""
     i = _index(device)
+    torch.cuda.empty_cache()
     capped = torch.cuda.get_per_process_memory_fraction(i) * torch.cuda.get_device_properties(i).total_memory
     return min(torch.cuda.mem_get_info(i)[0], capped - torch.cuda.memory_reserved(i)) / 2**30
 
