@@ -1,5 +1,4 @@
-"""`--gpu-memory-gib`: a cap on what this process takes of a CUDA device, and what is left under it for the
-weights and the KV caches."""
+"""`--gpu-memory-gib`: a cap on what this process takes of a CUDA device, and what it leaves."""
 
 from __future__ import annotations
 

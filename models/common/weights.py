@@ -160,10 +160,11 @@ def load_weights(model: nn.Module, path: str | Path, prefix: str = "", device: t
         if dest.shape != tensor.shape:
             bad_shape.append(f"{key}: checkpoint {tuple(tensor.shape)}, model {target.name} {tuple(dest.shape)}")
             continue
-        if scale is not None and not (buf.dtype == fp8.FP8 and block == fp8.BLOCK and not _whole_w13(target)):
+        pieces = 2 if target.name.endswith(".w13") and not target.parts else 1  # experts' [gate | up] in one
+        if scale is not None and not (buf.dtype == fp8.FP8 and block == fp8.BLOCK and pieces == 1):
             tensor, scale = fp8.dequantize(tensor.to(device), scale.to(device), block), None
         if buf.dtype == fp8.FP8:
-            _fill_fp8(model, filled, target, dest, tensor, scale, device, dtype)
+            _fill_fp8(model, filled, target, dest, tensor, scale, pieces, dtype)
         else:
             dest.copy_(tensor.to(dtype))
         covered[target.name] = covered.get(target.name, 0) + tensor.numel()
@@ -182,21 +183,16 @@ def load_weights(model: nn.Module, path: str | Path, prefix: str = "", device: t
         _set_param(model, name, tensor)
 
 
-def _whole_w13(target: Target) -> bool:
-    """A fused [gate | up] of experts in one tensor: its fp8 layout puts both halves in blocks of their own."""
-    return target.name.endswith(".w13") and not target.parts
-
-
 def _fill_fp8(model: nn.Module, filled: dict[str, torch.Tensor], target: Target, dest: torch.Tensor,
-              tensor: torch.Tensor, scale: torch.Tensor | None, device: torch.device | str, dtype: torch.dtype) -> None:
+              tensor: torch.Tensor, scale: torch.Tensor | None, pieces: int, dtype: torch.dtype) -> None:
     """`tensor` into the fp8 `dest` and its share of the scales: as stored if it is fp8 (`scale`), else quantized
-    from `dtype` (the same bytes as loading in `dtype`, then fp8.fp8_experts_)."""
+    from `dtype` in `pieces` (the same bytes as loading in `dtype`, then fp8.fp8_experts_)."""
     if scale is None:
-        tensor, scale = fp8.quantize_pieces(tensor.to(device, dtype), 2 if _whole_w13(target) else 1)
+        tensor, scale = fp8.quantize_pieces(tensor.to(dest.device, dtype), pieces)
     scales = filled.get(target.name + fp8.SCALE)
     if scales is None:
-        scales = filled[target.name + fp8.SCALE] = torch.empty(
-            model.get_buffer(target.name + fp8.SCALE).shape, device=device)
+        shape = model.get_buffer(target.name + fp8.SCALE).shape
+        scales = filled[target.name + fp8.SCALE] = torch.empty(shape, device=dest.device)
     if target.index is not None:
         scales = scales[target.index]
     if target.parts:
