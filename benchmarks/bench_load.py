@@ -24,7 +24,7 @@ ends its session; sessions_completed counts those that finished every turn clean
   python benchmarks/bench_load.py                                       # full size on CUDA, 1,8,32,64
   python benchmarks/bench_load.py --tiny --device cpu --sessions 4      # smoke test
   python benchmarks/bench_load.py --turns 3 --frames 75 --spread-s 8 --sessions 64,96,128   # conversations
-  python benchmarks/bench_load.py --quantization fp8 --gpu-memory-gib 44 --sessions 1,64  # fp8 in a 48 GB card
+  python benchmarks/bench_load.py --quantization fp8 --gpu-memory-gib 48 --sessions 1,64  # fp8 within 48 GiB
 
 --voice-model speaks the replies with a Qwen3-TTS voice instead of Qwen3-Omni's talker (its default speaker):
 with no value, Qwen3-TTS 1.7B CustomVoice at full size with seeded random weights (tiny-tts with --tiny); or a
