@@ -24,6 +24,7 @@ ends its session; sessions_completed counts those that finished every turn clean
   python benchmarks/bench_load.py                                       # full size on CUDA, 1,8,32,64
   python benchmarks/bench_load.py --tiny --device cpu --sessions 4      # smoke test
   python benchmarks/bench_load.py --turns 3 --frames 75 --spread-s 8 --sessions 64,96,128   # conversations
+  python benchmarks/bench_load.py --quantization fp8 --gpu-memory-gib 48 --sessions 1,64  # fp8 within 48 GiB
 
 --voice-model speaks the replies with a Qwen3-TTS voice instead of Qwen3-Omni's talker (its default speaker):
 with no value, Qwen3-TTS 1.7B CustomVoice at full size with seeded random weights (tiny-tts with --tiny); or a
@@ -51,6 +52,7 @@ from aiohttp import web
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_pipeline import random_program, speech_like  # noqa: E402
+from models.common.gpu_memory import cap  # noqa: E402
 from pipelines.pipeline import Pipeline  # noqa: E402
 from realtime.pcm import resample  # noqa: E402
 from realtime.server import Server, ServerConfig  # noqa: E402
@@ -383,6 +385,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--play-ahead-s", type=float, default=0.0,
                     help="serve --play-ahead-s: a reply that far ahead of its playback waits (default 0: off)")
     ap.add_argument("--quantization", choices=["fp8"], help="fp8: the MoE experts kept in fp8 (serve's flag)")
+    ap.add_argument("--gpu-memory-gib", type=float, help="serve --gpu-memory-gib: the process takes at most this "
+                    "much of the GPU, and the KV caches what it leaves")
     ap.add_argument("--no-encode-ahead", action="store_true",
                     help="serve --no-encode-ahead: the audio is encoded at the commit, not as it arrives")
     args = ap.parse_args(argv)
@@ -397,6 +401,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                  "--text-tokens >= 1, --frames >= 1")
     if args.turns < 1 or args.pause_s < 0 or args.play_ahead_s < 0:
         ap.error("need --turns >= 1, --pause-s >= 0 and --play-ahead-s >= 0")
+    if args.gpu_memory_gib is not None:
+        cap(args.device, args.gpu_memory_gib)
     voice, tiny = None, False
     if args.voice_model:
         from models.qwen3_tts.voice import build_voice
@@ -408,6 +414,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     header["voice_model"] = "tiny-tts" if args.voice_model and tiny else args.voice_model or "qwen3-omni talker"
     header["play_ahead_s"] = args.play_ahead_s
     header["encode_ahead"] = not args.no_encode_ahead
+    header["gpu_memory_gib"] = args.gpu_memory_gib
     with Pipeline(program) as pipeline:
         pipeline.play_ahead_s = args.play_ahead_s
         lines = asyncio.run(run_levels(pipeline, args, levels, header))

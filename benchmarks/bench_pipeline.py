@@ -25,7 +25,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.common.fp8 import fp8_experts_  # noqa: E402
 from models.common.tokenizer import Tokenizer  # noqa: E402
 from models.qwen3_omni.config import OmniConfig  # noqa: E402
 from models.qwen3_omni.model import random_model  # noqa: E402
@@ -130,13 +129,13 @@ def random_program(tiny: bool, device: str, dtype: str | None, voice: object = N
     header: dict = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
                     "torch": torch.__version__, "dtype": dtype, "size": "tiny" if tiny else "full"}
     t0 = time.perf_counter()
-    model = random_model(cfg, device, getattr(torch, dtype))
+    model = random_model(cfg, device, getattr(torch, dtype), quantization=quantization)
     if quantization:
-        fp8_experts_(model)
         header["quantization"] = quantization
     header["build_s"] = round(time.perf_counter() - t0, 1)
     if device.startswith("cuda"):
         header["weights_GiB"] = round(torch.cuda.memory_allocated() / 2**30, 1)
+        header["load_peak_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
     header["params_B"] = round(sum(p.numel() for p in model.parameters()) / 1e9, 2)
     cfg = PipelineConfig.on("random-weights", device, dtype)
     return header, Qwen3OmniProgram(model, Tokenizer.builtin(), cfg, voice)

@@ -60,7 +60,10 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
                    help="run every step eagerly on CUDA (default: capture the fixed-shape steps at start)")
     p.add_argument("--kv-cache-gib", type=float, default=None,
                    help="GiB for the model's KV caches on CUDA (default: what is free after the "
-                        "weights, less 10 GiB)")
+                        "weights, within --gpu-memory-gib, less 10 GiB)")
+    p.add_argument("--gpu-memory-gib", type=float, default=None,
+                   help="on CUDA, the most GiB this process may take (weights, KV caches, CUDA graphs; more is an "
+                        "out-of-memory error); refused on cpu (default: the whole device)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level")
     p.add_argument("--log-json", action="store_true", help="log one JSON object per line")
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
@@ -146,7 +149,8 @@ def build(args: argparse.Namespace):
 
     return build_pipeline(args.model, args.device or default_device(), args.dtype,
                           graphs=False if args.no_cuda_graphs else None, kv_memory_gib=args.kv_cache_gib,
-                          voice_model=args.voice_model, quantization=args.quantization)
+                          voice_model=args.voice_model, quantization=args.quantization,
+                          gpu_memory_gib=args.gpu_memory_gib)
 
 
 def generate(args: argparse.Namespace) -> int:

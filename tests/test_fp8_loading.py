@@ -1,7 +1,8 @@
 """fp8 weights. A checkpoint in the layout of Qwen's FP8 releases (float8_e4m3fn `X.weight`, float32
-`X.weight_scale_inv` block scales, config.json's quantization_config) loads dequantized into the model's dtype,
-exactly to what was quantized; what we do not read is refused naming the field or the tensor. `--quantization
-fp8` rounds a model's MoE experts to the same layout."""
+`X.weight_scale_inv` block scales, config.json's quantization_config) loads exactly to what was quantized: its
+MoE experts kept in fp8 as stored (128x128 blocks), the rest dequantized into the model's dtype; what we do not
+read is refused naming the field or the tensor. `--quantization fp8` rounds a model's MoE experts to the same
+layout (test_fp8_streaming.py: as they load)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from models import registry
-from models.common import fp8
+from models.common import fp8, fp8_moe
 from models.common.config import ConfigError
 from models.common.weights import WeightError
 from models.qwen3_omni.model import load_model
@@ -89,11 +90,33 @@ def fp8_ckpt(request, hf_tiny_a, tmp_path_factory) -> tuple[Path, Path, tuple[in
                                                                                    dequantized, None), block
 
 
+def stored_experts(path: Path, name: str, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert `e` of the stacked `name` (w13: gate then up; w2: down) as the checkpoint stores it: fp8, scales."""
+    stored = {}
+    for f in path.glob("*.safetensors"):
+        stored.update(load_file(f))
+    head, leaf = name.rsplit(".", 1)
+    keys = [f"{head}.{e}.{p}.weight" for p in (("gate_proj", "up_proj") if leaf == "w13" else ("down_proj",))]
+    return torch.cat([stored[k] for k in keys]), torch.cat([stored[k + fp8.SCALE] for k in keys])
+
+
 def test_fp8_checkpoint_loads_to_exactly_what_was_quantized(fp8_ckpt, hf_tiny_a):
+    """Every weight equals what was quantized; in Qwen's 128x128 blocks the MoE experts stay fp8 (by default: they
+    are fp8 already), their bytes and scales as stored; other blocks and other weights load dequantized."""
     path, ref, block = fp8_ckpt
-    ours = load_model(path).state_dict()
+    loaded = load_model(path).state_dict()
+    ours = dict(loaded)
     expected = load_model(ref).state_dict()
     original = load_model(hf_tiny_a.path).state_dict()
+    kept = [n for n, v in ours.items() if v.dtype == fp8.FP8]
+    assert len(kept) == (2 * (4 + 2) if block == fp8.BLOCK else 0)  # the thinker's and talker's MoE layers
+    for name in kept:
+        for e in range(ours[name].shape[0]):
+            q, scale = stored_experts(path, name, e)
+            assert torch.equal(ours[name][e].view(torch.uint8), q.view(torch.uint8)), (name, e)
+            assert torch.equal(ours[name + fp8.SCALE][e], scale), (name, e)
+        w, scale = ours[name], ours.pop(name + fp8.SCALE)
+        ours[name] = fp8_moe.dequantize_split(w, scale, w.shape[1] // 2 if name.endswith("w13") else None)
     assert ours.keys() == expected.keys() == original.keys()
     changed = 0
     for name, value in ours.items():
@@ -103,8 +126,11 @@ def test_fp8_checkpoint_loads_to_exactly_what_was_quantized(fp8_ckpt, hf_tiny_a)
             err = (value - original[name]).norm() / original[name].norm()
             assert 0 < err < 0.05, (name, float(err))  # fp8 e4m3: ~2-3% relative error
     assert changed >= sum(1 for n in ours if n.endswith(("qkv.weight", "w13", "w2", "o_proj.weight")))
-    bf16 = load_model(path, dtype=torch.bfloat16).state_dict()
-    assert all(torch.equal(bf16[n], expected[n].to(torch.bfloat16)) for n in bf16)
+    bf16 = load_model(path, dtype=torch.bfloat16).state_dict()  # the experts alike, the rest rounded to bf16
+    assert bf16.keys() == loaded.keys()
+    for n, value in bf16.items():
+        want = loaded[n] if n in kept or n.endswith(fp8.SCALE) else expected[n].to(torch.bfloat16)
+        assert value.dtype == want.dtype and torch.equal(value.view(torch.uint8), want.view(torch.uint8)), n
 
 
 def test_a_turn_runs_on_the_fp8_checkpoint(fp8_ckpt):

@@ -1,7 +1,7 @@
 """Block-scaled fp8 weights, the layout of Qwen's FP8 releases: a weight [..., out, in] stored as float8_e4m3fn
 with a float32 `<key>_scale_inv` [..., ceil(out / b0), ceil(in / b1)]; the real weight is each fp8 value times
-its (b0 x b1) block's scale. A checkpoint's fp8 weights load dequantized into the model's dtype;
-`fp8_experts_` keeps MoE experts in fp8 (their matmul: fp8_moe.py)."""
+its (b0 x b1) block's scale. A checkpoint's fp8 weights load dequantized into the model's dtype, except MoE
+experts that `fp8_experts_` keeps in fp8 (their matmul: fp8_moe.py)."""
 
 from __future__ import annotations
 
@@ -59,17 +59,39 @@ def quantize(w: torch.Tensor, block: tuple[int, int] = BLOCK) -> tuple[torch.Ten
     return q.flatten(-2).flatten(-3, -2)[..., :rows, :cols].contiguous(), scale
 
 
-def fp8_experts_(model: nn.Module) -> None:
+PIECES = {"w13": 2, "w2": 1}  # an Experts weight's pieces, quantized apart: [gate | up], down
+
+
+def quantize_pieces(w: torch.Tensor, pieces: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantize` of `w` [..., rows, cols] cut into `pieces` of equal rows, each in blocks of its own; the pieces'
+    scales one after the other."""
+    q, scale = quantize(w.unflatten(-2, (pieces, -1)))
+    return q.flatten(-3, -2), scale.flatten(-3, -2)
+
+
+def fp8_experts_(model: nn.Module, empty: bool = False) -> None:
     """`--quantization fp8`: every MoE expert weight replaced by its fp8 e4m3 value with 128x128 block scales
     (gate and up quantized apart, as published; their scales one after the other in `<w>_scale_inv`), so the
-    experts hold only fp8 bytes and scales and run through fp8_moe."""
+    experts hold only fp8 bytes and scales and run through fp8_moe. `empty`: only that storage is made (on the
+    meta device for a model built there), for the loader to fill as it reads (weights.py): the experts are then
+    never held in full precision."""
     experts = [m for m in model.modules() if isinstance(m, layers.Experts)]
     if not experts:
         raise ValueError("--quantization fp8 quantizes MoE experts, and this model has none")
     with torch.no_grad():
         for m in experts:
-            for name, pieces in (("w13", 2), ("w2", 1)):
-                qs = [quantize(w.unflatten(0, (pieces, -1))) for w in getattr(m, name)]  # small float32 copies
-                setattr(m, name, nn.Parameter(torch.stack([q for q, _ in qs]).flatten(1, 2), requires_grad=False))
-                m.register_buffer(name + SCALE, torch.stack([s for _, s in qs]).flatten(1, 2))
+            for name, pieces in PIECES.items():
+                w = getattr(m, name)
+                scale = torch.empty(scale_shape(w.unflatten(-2, (pieces, -1)).shape, BLOCK), device=w.device)
+                setattr(m, name, nn.Parameter(torch.empty(w.shape, dtype=FP8, device=w.device), requires_grad=False))
+                m.register_buffer(name + SCALE, scale.flatten(-3, -2))
+                if not empty:
+                    store_(m, name, w)
     torch.cuda.empty_cache()  # the full-precision experts' memory counts as free when KV caches are sized
+
+
+def store_(experts: layers.Experts, name: str, w: torch.Tensor) -> None:
+    """Full-precision expert weights `w` [E, rows, cols] quantized, one expert at a time, into `experts`' fp8
+    `name` and its scales."""
+    for e in range(w.shape[0]):
+        getattr(experts, name)[e], getattr(experts, name + SCALE)[e] = quantize_pieces(w[e], PIECES[name])

@@ -1,8 +1,9 @@
 """Checkpoint loading: stream safetensors shards into a model built on the meta device.
 
-Every checkpoint tensor (an fp8 one times its block scales: fp8.py) lands in exactly one parameter (or one
-slice of a fused or stacked one: _RULES) or is skipped, unread: outside the prefix asked for, or dropped by the
-model's `rename` (None). Every parameter must be filled. Anything else is an error naming the keys.
+Every checkpoint tensor (an fp8 one times its block scales, unless the model holds it in fp8: fp8.py) lands in
+exactly one parameter (or one slice of a fused or stacked one: _RULES) or is skipped, unread: outside the prefix
+asked for, or dropped by the model's `rename` (None). Every parameter must be filled. Anything else is an error
+naming the keys.
 """
 
 from __future__ import annotations
@@ -78,12 +79,17 @@ def checkpoint_files(path: str | Path) -> list[Path]:
     return files
 
 
-def iter_tensors(path: str | Path, rename: Rename, prefix: str,
-                 device: torch.device | str = "cpu") -> Iterator[tuple[str, str, torch.Tensor]]:
-    """(checkpoint key, renamed key less `prefix`, tensor) of every tensor kept, fp8 ones dequantized with
-    their scales on `device` (fp8.py); the others are not read."""
+def checkpoint_block(path: str | Path) -> tuple[int, int] | None:
+    """The fp8 block size config.json's quantization_config gives (fp8.py), None when it has none."""
     config = Path(path) / "config.json"
-    block = fp8.block_size(json.loads(config.read_text()).get("quantization_config") if config.is_file() else None)
+    return fp8.block_size(json.loads(config.read_text()).get("quantization_config") if config.is_file() else None)
+
+
+def iter_tensors(path: str | Path, rename: Rename,
+                 prefix: str) -> Iterator[tuple[str, str, torch.Tensor, torch.Tensor | None]]:
+    """(checkpoint key, renamed key less `prefix`, tensor as stored, its fp8 block scales or None) of every
+    tensor kept; the others are not read."""
+    block = checkpoint_block(path)
     with ExitStack() as stack:
         files = [stack.enter_context(safe_open(str(f), framework="pt")) for f in checkpoint_files(path)]
         shard = {key: st for st in files for key in st.keys()}  # noqa: SIM118 (safe_open is not a dict)
@@ -92,15 +98,15 @@ def iter_tensors(path: str | Path, rename: Rename, prefix: str,
             name = rename(key)
             if name is None or not name.startswith(prefix) or key in scales:
                 continue
-            yield key, name[len(prefix) :], _dequantized(key, st.get_tensor(key), shard, block, device)
+            tensor = st.get_tensor(key)
+            yield key, name[len(prefix) :], tensor, _scale(key, tensor, shard, block)
 
 
-def _dequantized(key: str, tensor: torch.Tensor, shard: dict, block: tuple[int, int] | None,
-                 device: torch.device | str) -> torch.Tensor:
-    """`tensor` as stored, or for an fp8 one, times the block scales `key`_scale_inv (in float32)."""
+def _scale(key: str, tensor: torch.Tensor, shard: dict, block: tuple[int, int] | None) -> torch.Tensor | None:
+    """The block scales `key`_scale_inv of an fp8 `tensor` (None for another), checked against its shape."""
     scale_key = key + fp8.SCALE
     if scale_key not in shard and not str(tensor.dtype).startswith("torch.float8"):
-        return tensor
+        return None
     if tensor.dtype != fp8.FP8:
         raise WeightError(f"{key}: {tensor.dtype} {'with block scales ' if scale_key in shard else ''}is not read "
                           "(of 8-bit weights, block-scaled float8_e4m3fn only)")
@@ -112,7 +118,7 @@ def _dequantized(key: str, tensor: torch.Tensor, shard: dict, block: tuple[int, 
     if tuple(scale.shape) != fp8.scale_shape(tensor.shape, block):
         raise WeightError(f"{scale_key}: shape {tuple(scale.shape)}, but {key} {tuple(tensor.shape)} in "
                           f"{block[0]}x{block[1]} blocks needs {fp8.scale_shape(tensor.shape, block)}")
-    return fp8.dequantize(tensor.to(device), scale.to(device), block)
+    return scale
 
 
 def _fused_offset(target: Target, dest: torch.Tensor, piece: torch.Tensor) -> int:
@@ -126,12 +132,15 @@ def _fused_offset(target: Target, dest: torch.Tensor, piece: torch.Tensor) -> in
 def load_weights(model: nn.Module, path: str | Path, prefix: str = "", device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32, rename: Rename = same_name) -> None:
     """Fill `model` from the checkpoint at `path`; `prefix` (applied after `rename`) selects a part of the
-    checkpoint and is stripped. Raises WeightError naming missing, unexpected or mis-shaped keys."""
+    checkpoint and is stripped. A parameter the model holds in fp8 (fp8.fp8_experts_ with `empty`) is filled as
+    stored when the checkpoint has it in fp8 128x128 blocks, else quantized from `dtype` tensor by tensor.
+    Raises WeightError naming missing, unexpected or mis-shaped keys."""
     params = dict(model.named_parameters())
+    block = checkpoint_block(path)
     filled: dict[str, torch.Tensor] = {}
     covered: dict[str, int] = {}
     unexpected, bad_shape = [], []
-    for key, name, tensor in iter_tensors(path, rename, prefix, device):
+    for key, name, tensor, scale in iter_tensors(path, rename, prefix):
         target = map_name(name)
         if target.name not in params:
             unexpected.append(key)
@@ -139,7 +148,8 @@ def load_weights(model: nn.Module, path: str | Path, prefix: str = "", device: t
         param = params[target.name]
         buf = filled.get(target.name)
         if buf is None:
-            buf = filled[target.name] = torch.empty(param.shape, dtype=dtype, device=device)
+            kind = param.dtype if param.dtype == fp8.FP8 else dtype
+            buf = filled[target.name] = torch.empty(param.shape, dtype=kind, device=device)
         dest = buf if target.index is None else buf[target.index]
         if target.parts:
             if tensor.dim() != dest.dim() or tensor.shape[1:] != dest.shape[1:] or tensor.shape[0] > dest.shape[0]:
@@ -150,7 +160,13 @@ def load_weights(model: nn.Module, path: str | Path, prefix: str = "", device: t
         if dest.shape != tensor.shape:
             bad_shape.append(f"{key}: checkpoint {tuple(tensor.shape)}, model {target.name} {tuple(dest.shape)}")
             continue
-        dest.copy_(tensor.to(dtype))
+        pieces = 2 if target.name.endswith(".w13") and not target.parts else 1  # experts' [gate | up] in one
+        if scale is not None and not (buf.dtype == fp8.FP8 and block == fp8.BLOCK and pieces == 1):
+            tensor, scale = fp8.dequantize(tensor.to(device), scale.to(device), block), None
+        if buf.dtype == fp8.FP8:
+            _fill_fp8(model, filled, target, dest, tensor, scale, pieces, dtype)
+        else:
+            dest.copy_(tensor.to(dtype))
         covered[target.name] = covered.get(target.name, 0) + tensor.numel()
     missing = [n for n, p in params.items() if covered.get(n, 0) != p.numel()]
     problems = []
@@ -167,6 +183,24 @@ def load_weights(model: nn.Module, path: str | Path, prefix: str = "", device: t
         _set_param(model, name, tensor)
 
 
+def _fill_fp8(model: nn.Module, filled: dict[str, torch.Tensor], target: Target, dest: torch.Tensor,
+              tensor: torch.Tensor, scale: torch.Tensor | None, pieces: int, dtype: torch.dtype) -> None:
+    """`tensor` into the fp8 `dest` and its share of the scales: as stored if it is fp8 (`scale`), else quantized
+    from `dtype` in `pieces` (the same bytes as loading in `dtype`, then fp8.fp8_experts_)."""
+    if scale is None:
+        tensor, scale = fp8.quantize_pieces(tensor.to(dest.device, dtype), pieces)
+    scales = filled.get(target.name + fp8.SCALE)
+    if scales is None:
+        shape = model.get_buffer(target.name + fp8.SCALE).shape
+        scales = filled[target.name + fp8.SCALE] = torch.empty(shape, device=dest.device)
+    if target.index is not None:
+        scales = scales[target.index]
+    if target.parts:
+        scales = scales[target.part * scale.shape[-2] : (target.part + 1) * scale.shape[-2]]
+    dest.copy_(tensor)
+    scales.copy_(scale)
+
+
 def _some(names: list[str], sep: str = ", ", shown: int = 20) -> str:
     """The first `shown` of a list of keys, and how many more (a mismatched checkpoint has thousands)."""
     more = f"{sep}... and {len(names) - shown} more" if len(names) > shown else ""
@@ -176,14 +210,15 @@ def _some(names: list[str], sep: str = ", ", shown: int = 20) -> str:
 def _set_param(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
     owner_name, _, attr = name.rpartition(".")
     owner = model.get_submodule(owner_name) if owner_name else model
-    setattr(owner, attr, nn.Parameter(tensor, requires_grad=False))
+    setattr(owner, attr, tensor if attr.endswith(fp8.SCALE) else nn.Parameter(tensor, requires_grad=False))
 
 
 
-def random_weights_(model: nn.Module, seed: int = 0) -> None:
+def random_weights_(model: nn.Module, seed: int = 0, dtype: torch.dtype = torch.float32) -> None:
     """Seeded random weights of a healthy scale, every parameter touched (norms and scales near 1,
     biases and snake log-scales small, matrices ~ 1/sqrt(fan_in)). Works on ours and on transformers',
-    and in place on any device (a meta-built model moved with `to_empty` is filled on the GPU)."""
+    and in place on any device (a meta-built model moved with `to_empty` is filled on the GPU). Experts held
+    in fp8 (fp8.fp8_experts_) get the fp8 of the values the same model in `dtype` would hold."""
     gens: dict[torch.device, torch.Generator] = {}
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -198,4 +233,7 @@ def random_weights_(model: nn.Module, seed: int = 0) -> None:
                 value = torch.randn(p.shape, generator=g, device=p.device) * 0.02
             else:
                 value = 1.0 + 0.1 * torch.randn(p.shape, generator=g, device=p.device)
-            p.copy_(value.to(p.dtype))
+            if p.dtype == fp8.FP8:
+                fp8.store_(model.get_submodule(name.rpartition(".")[0]), leaf, value.to(dtype))
+            else:
+                p.copy_(value.to(p.dtype))

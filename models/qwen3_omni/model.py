@@ -13,8 +13,10 @@ import torch
 from torch import nn
 
 from models.common.code2wav import Code2Wav
+from models.common.fp8 import BLOCK, fp8_experts_
+from models.common.gpu_memory import check_fits
+from models.common.weights import checkpoint_block, random_weights_
 from models.common.weights import load_weights as load_any
-from models.common.weights import random_weights_
 
 from .config import OmniConfig
 from .talker import Talker
@@ -35,28 +37,34 @@ class Qwen3Omni(nn.Module):
         self.code2wav = Code2Wav(cfg.code2wav) if cfg.code2wav is not None else None
 
 
-def load_model(
-    model: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0
-) -> Qwen3Omni:
-    """A tiny preset with seeded random weights, or a checkpoint directory streamed in one pass onto `device`."""
+def load_model(model: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+               seed: int = 0, quantization: str | None = None) -> Qwen3Omni:
+    """A tiny preset with seeded random weights, or a checkpoint directory streamed in one pass onto `device`.
+    MoE experts in fp8 (fp8.py) with `quantization` "fp8", or when the checkpoint stores them in fp8 128x128 blocks
+    (kept as stored): a checkpoint's are quantized (or copied) as they are read, never held in `dtype`."""
     start = time.perf_counter()
     if str(model) in PRESETS:
         cfg = OmniConfig.from_hf(PRESETS[str(model)]())
         net = Qwen3Omni(cfg)
         random_weights_(net, seed)
         net = net.to(device=device, dtype=dtype)
+        if quantization:
+            fp8_experts_(net)
     else:
         cfg = OmniConfig.from_file(model)
         with torch.device("meta"):
             net = Qwen3Omni(cfg)
+        if quantization or checkpoint_block(model) == BLOCK:
+            fp8_experts_(net, empty=True)
+        check_fits(net, device, dtype)
         load_weights(net, model, device=device, dtype=dtype)
     return _ready(net, model, device, dtype, start)
 
 
-def random_model(
-    cfg: OmniConfig, device: torch.device | str, dtype: torch.dtype = torch.bfloat16, seed: int = 0
-) -> Qwen3Omni:
-    """Any size with seeded random weights made on `device` (benchmarks: full size without a checkpoint)."""
+def random_model(cfg: OmniConfig, device: torch.device | str, dtype: torch.dtype = torch.bfloat16, seed: int = 0,
+                 quantization: str | None = None) -> Qwen3Omni:
+    """Any size with seeded random weights made on `device` (benchmarks: full size without a checkpoint);
+    `quantization` "fp8": the experts made in fp8 layer by layer, as `fp8_experts_` would round them."""
     start = time.perf_counter()
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # parameters are allocated once, in their final dtype
@@ -65,8 +73,11 @@ def random_model(
             net = Qwen3Omni(cfg)
     finally:
         torch.set_default_dtype(default)
+    if quantization:
+        fp8_experts_(net, empty=True)
+    check_fits(net, device, dtype)
     net = net.to_empty(device=device)
-    random_weights_(net, seed)
+    random_weights_(net, seed, dtype)
     return _ready(net, "random weights", device, dtype, start)
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from models.common.gpu_memory import free_gib
 from pipelines.kv_cache import KVLayout
 from pipelines.stage import StageConfig
 
@@ -79,7 +80,7 @@ TALKER_TOKEN_SHARE = 0.25  # talker cache tokens per thinker cache token, when s
 
 def kv_layouts(model: Qwen3Omni, cfg: PipelineConfig) -> dict[str, KVLayout]:
     """The thinker's and talker's cache layouts: the stages' `kv_blocks`, or with `kv_memory_gib`, blocks
-    that fill that much memory (negative: what is free on the device less KV_HEADROOM_GIB)."""
+    that fill that much memory (negative: what is free on the device, within --gpu-memory-gib, less KV_HEADROOM_GIB)."""
     texts = {"thinker": model.cfg.thinker.text}
     if model.talker is not None:  # None also when another model's voice speaks
         texts["talker"] = model.cfg.talker.text
@@ -89,11 +90,12 @@ def kv_layouts(model: Qwen3Omni, cfg: PipelineConfig) -> dict[str, KVLayout]:
     if cfg.kv_memory_gib is not None:
         gib = cfg.kv_memory_gib
         if gib < 0:
-            gib = torch.cuda.mem_get_info(torch.device(cfg.device))[0] / 2**30 - KV_HEADROOM_GIB
+            gib = free_gib(cfg.device) - KV_HEADROOM_GIB
         share = {n: 1.0 if n == "thinker" else TALKER_TOKEN_SHARE for n in texts}
         thinker_tokens = gib * 2**30 / sum(share[n] * per_token[n] for n in texts)
         if thinker_tokens < 4096:
-            raise ConfigError(f"{gib:.1f} GiB leaves no room for a KV cache of useful size")
+            raise ConfigError(f"{gib:.1f} GiB leaves no room for a KV cache of useful size (when not given: what "
+                              f"the weights leave free within --gpu-memory-gib, less {KV_HEADROOM_GIB:g} GiB)")
         for name in texts:
             blocks[name] = int(thinker_tokens * share[name]) // cfg.stage(name).block_size
         log.info("KV cache: %.1f GiB, %s", gib,

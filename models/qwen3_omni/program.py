@@ -11,7 +11,6 @@ import torch
 
 from models.common import chat
 from models.common.code2wav_step import Code2WavStep, Code2WavWork
-from models.common.fp8 import fp8_experts_
 from models.common.speaking import FrameWork
 from models.common.tokenizer import Tokenizer
 from pipelines.kv_cache import PagedKVCache
@@ -220,7 +219,5 @@ def build(model: str, device: str = "cpu", dtype: str | None = None, graphs: boo
           **stage_overrides: dict) -> Pipeline:
     """The registry's entry point: `model` ('tiny', 'tiny-thinker' or a checkpoint) on `device`'s defaults."""
     cfg = PipelineConfig.on(model, device, dtype, graphs, kv_memory_gib, **stage_overrides)
-    net = load_model(cfg.model, cfg.device, getattr(torch, cfg.dtype))
-    if quantization:
-        fp8_experts_(net)
+    net = load_model(cfg.model, cfg.device, getattr(torch, cfg.dtype), quantization=quantization)
     return build_pipeline(cfg, net, voice=voice)

@@ -10,6 +10,7 @@ import torch
 
 from models.common.code2wav_step import Code2WavStep, Code2WavWork
 from models.common.fp8 import fp8_experts_
+from models.common.gpu_memory import free_gib
 from models.common.tokenizer import Tokenizer
 from pipelines.kv_cache import KVLayout, PagedKVCache
 from pipelines.pipeline import Emit, Pipeline
@@ -60,7 +61,7 @@ class TtsPipelineConfig:
         if self.kv_memory_gib is not None:
             gib = self.kv_memory_gib
             if gib < 0:
-                gib = torch.cuda.mem_get_info(torch.device(self.device))[0] / 2**30 - KV_HEADROOM_GIB
+                gib = free_gib(self.device) - KV_HEADROOM_GIB
             per_token = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * dtype.itemsize
             blocks = int(gib * 2**30 / per_token) // sc.block_size
         return KVLayout(t.num_hidden_layers, t.num_key_value_heads, t.head_dim, blocks, sc.block_size, dtype,
