@@ -387,6 +387,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--quantization", choices=["fp8"], help="fp8: the MoE experts kept in fp8 (serve's flag)")
     ap.add_argument("--gpu-memory-gib", type=float, help="serve --gpu-memory-gib: the process takes at most this "
                     "much of the GPU, and the KV caches what it leaves")
+    ap.add_argument("--no-overlap", action="store_true",
+                    help="the thinker's decode runs before the talker's, not beside it (StageConfig.overlap off)")
     ap.add_argument("--no-encode-ahead", action="store_true",
                     help="serve --no-encode-ahead: the audio is encoded at the commit, not as it arrives")
     args = ap.parse_args(argv)
@@ -410,7 +412,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         tiny = args.tiny and args.voice_model == "random"
         voice = random_voice(args.device, args.dtype) if args.voice_model == "random" and not args.tiny \
             else build_voice("tiny-tts" if tiny else args.voice_model, args.device, args.dtype)
-    header, program = random_program(args.tiny, args.device, args.dtype, voice, args.quantization)
+    header, program = random_program(args.tiny, args.device, args.dtype, voice, args.quantization,
+                                     thinker={"overlap": not args.no_overlap})
+    header["thinker_overlap"] = not args.no_overlap
     header["voice_model"] = "tiny-tts" if args.voice_model and tiny else args.voice_model or "qwen3-omni talker"
     header["play_ahead_s"] = args.play_ahead_s
     header["encode_ahead"] = not args.no_encode_ahead

@@ -118,11 +118,11 @@ async def gateway_turns(pipeline: Pipeline, reps: int, audio: torch.Tensor, syst
 
 
 def random_program(tiny: bool, device: str, dtype: str | None, voice: object = None,
-                   quantization: str | None = None) -> tuple[dict, Qwen3OmniProgram]:
+                   quantization: str | None = None, **stage_overrides: dict) -> tuple[dict, Qwen3OmniProgram]:
     """The benchmarks' model: full size (or tiny) with seeded random weights, and its program (CUDA
     graphs and KV sizing as `PipelineConfig.on` sets them; `voice`: another model's, pipelines/voice.py;
-    `quantization` "fp8": the experts kept in fp8 as `--quantization fp8` keeps them).
-    Returns (result header, program)."""
+    `quantization` "fp8": the experts kept in fp8 as `--quantization fp8` keeps them; `stage_overrides`:
+    StageConfig fields by stage name). Returns (result header, program)."""
     dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     torch.manual_seed(0)
     cfg = OmniConfig.from_hf(tiny_config("a") if tiny else json.loads(FULL_CONFIG.read_text()))
@@ -137,7 +137,7 @@ def random_program(tiny: bool, device: str, dtype: str | None, voice: object = N
         header["weights_GiB"] = round(torch.cuda.memory_allocated() / 2**30, 1)
         header["load_peak_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
     header["params_B"] = round(sum(p.numel() for p in model.parameters()) / 1e9, 2)
-    cfg = PipelineConfig.on("random-weights", device, dtype)
+    cfg = PipelineConfig.on("random-weights", device, dtype, **stage_overrides)
     return header, Qwen3OmniProgram(model, Tokenizer.builtin(), cfg, voice)
 
 

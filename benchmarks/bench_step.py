@@ -19,7 +19,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.common.fp8 import fp8_experts_  # noqa: E402
 from models.common.frame_step import FrameStep  # noqa: E402
 from models.qwen3_omni.config import OmniConfig  # noqa: E402
 from models.qwen3_omni.forward import ThinkerDecode  # noqa: E402
@@ -124,9 +123,7 @@ def main() -> None:
     dev, dtype = "cuda", torch.bfloat16
     torch.manual_seed(0)
     cfg = OmniConfig.from_hf(tiny_config("a") if args.tiny else json.loads(FULL_CONFIG.read_text()))
-    model = random_model(cfg, dev, dtype)
-    if args.quantization:
-        fp8_experts_(model)
+    model = random_model(cfg, dev, dtype, quantization=args.quantization)
     batches = [int(x) for x in args.batches.split(",")]
     buckets = tuple(b for b in BUCKETS if b <= max(batches)) or BUCKETS[:1]
     res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "context": args.context,
