@@ -144,35 +144,44 @@ class AudioStream:
     def _tail(self, features: torch.Tensor, raw: torch.Tensor, floor: float) -> Tail:
         frames = features.shape[1]
         if frames < self.chunk:  # shorter than one chunk: nothing was final, the whole call as the reference
-            return Tail([self.tower(features.to(self._device))], None, 0)
+            return Tail([self.tower(features.to(self._device))], [], None, 0, 0)
         self._refresh_chunks(raw, floor, frames // self.chunk)
         first = len(self.windows) * self.window_chunks  # first chunk the transformer still has to see
         tail = features[:, len(self.chunks) * self.chunk :]
         done = [e for e, _ in self.chunks[first:]]
+        piece = None  # padded to a full chunk, as in the whole call
         if tail.shape[1]:
-            piece = F.pad(tail, (0, self.chunk - tail.shape[1]))[None]  # padded to a full chunk, as in the whole call
-            e = self.tower.embed_chunks(piece.to(self._device))[0]
-            done.append(e[: int(self.tower.token_count(tail.shape[1]))])
+            piece = F.pad(tail, (0, self.chunk - tail.shape[1])).to(self._device)
         rest = frames - first * self.chunk
-        return Tail(list(self.windows), torch.cat(done) if done else None, rest)
+        return Tail(list(self.windows), done, piece, int(self.tower.token_count(tail.shape[1])), rest)
 
 
 @dataclass
 class Tail:
-    """An audio's encoder output as finished windows plus chunk embeddings the transformer has yet to see."""
+    """An audio's encoder output as finished windows plus what the transformer has yet to see: chunk embeddings,
+    and the last part chunk's features, not yet embedded (`piece`, padded to a chunk; its first `piece_tokens`
+    count)."""
 
     windows: list[torch.Tensor]
-    embeds: torch.Tensor | None  # [tokens, d_model] of the last `frames` mel frames
+    chunks: list[torch.Tensor]  # [tokens, d_model] each, of the last `frames` mel frames with the piece
+    piece: torch.Tensor | None
+    piece_tokens: int
     frames: int
 
 
 def finish_all(tower: AudioEncoder, tails: list[Tail]) -> list[torch.Tensor]:
-    """Each tail's whole encoder output; what the tails still need of the transformer runs in one call (attention
-    windows restart at each audio, as alone)."""
-    open_ = [t for t in tails if t.embeds is not None]
+    """Each tail's whole encoder output; the tails' last part chunks are embedded in one call and what they still
+    need of the transformer runs in one call (attention windows restart at each audio, as alone)."""
+    pieces = [t for t in tails if t.piece is not None]
+    if pieces:
+        embedded = tower.embed_chunks(torch.stack([t.piece for t in pieces]))
+        for t, e in zip(pieces, embedded, strict=True):
+            t.chunks, t.piece = [*t.chunks, e[: t.piece_tokens]], None
+    open_ = [torch.cat(t.chunks) if t.chunks else None for t in tails]
+    todo = [(x, t.frames) for x, t in zip(open_, tails, strict=True) if x is not None]
     rest: list[torch.Tensor] = []
-    if open_:
+    if todo:
         chunk_tokens = int(tower.token_count(2 * tower.cfg.n_window))
-        x = tower.transform(torch.cat([t.embeds for t in open_]), [t.frames for t in open_], chunk_tokens)
-        rest = list(x.split([t.embeds.shape[0] for t in open_]))
-    return [torch.cat(t.windows + ([rest.pop(0)] if t.embeds is not None else [])) for t in tails]
+        x = tower.transform(torch.cat([x for x, _ in todo]), [f for _, f in todo], chunk_tokens)
+        rest = list(x.split([x.shape[0] for x, _ in todo]))
+    return [torch.cat(t.windows + ([rest.pop(0)] if x is not None else [])) for x, t in zip(open_, tails, strict=True)]

@@ -97,7 +97,7 @@ class EncoderStep:
     def _tail(self, audio: AudioStream | torch.Tensor) -> Tail:
         if isinstance(audio, AudioStream):
             return audio.finish_parts()[1]
-        return Tail([self.model.thinker.audio_tower(audio.to(self.device, self.dtype))], None, 0)
+        return Tail([self.model.thinker.audio_tower(audio.to(self.device, self.dtype))], [], None, 0, 0)
 
     def _embed(self, w: EncoderWork, audio: torch.Tensor | None) -> None:
         ids = torch.tensor([w.turn.prompt_ids], device=self.device)
