@@ -23,6 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_pipeline import print_line  # noqa: E402
 from models.common.fp8 import fp8_experts_  # noqa: E402
 from models.common.tokenizer import Tokenizer  # noqa: E402
 from models.qwen3_omni.config import OmniConfig  # noqa: E402
@@ -83,10 +84,7 @@ def main() -> None:
     res["thinker"], res["talker"] = compare(ref[0], got[0]), compare(ref[1], got[1])
     if cuda:
         res["max_memory_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
-    line = json.dumps(res)
-    print(line)
-    if args.out:
-        Path(args.out).write_text(line + "\n")
+    print_line(res, args.out)
 
 
 if __name__ == "__main__":

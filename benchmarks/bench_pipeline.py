@@ -141,6 +141,14 @@ def random_program(tiny: bool, device: str, dtype: str | None, voice: object = N
     return header, Qwen3OmniProgram(model, Tokenizer.builtin(), cfg, voice)
 
 
+def print_line(res: dict, out: str | None) -> None:
+    """A benchmark's result as one JSON line, printed and, with `out`, written there."""
+    line = json.dumps(res)
+    print(line)
+    if out:
+        Path(out).write_text(line + "\n")
+
+
 def stage_times(program: Qwen3OmniProgram) -> dict:
     return {s.name: (s.runner.steps, s.runner.busy_s) for s in program.stages}
 
@@ -215,10 +223,7 @@ def main() -> None:
             turns = asyncio.run(gateway_turns(pipeline, args.reps, messages[1].audio, system.text, args.text_tokens,
                                               args.frames))
             res["gateway_1"] = {k: round(statistics.median(t[k] for t in turns), 2) for k in turns[0]}
-    line = json.dumps(res)
-    print(line)
-    if args.out:
-        Path(args.out).write_text(line + "\n")
+    print_line(res, args.out)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_pipeline import print_line  # noqa: E402
 from models.common.frame_step import FrameStep  # noqa: E402
 from models.qwen3_omni.config import OmniConfig  # noqa: E402
 from models.qwen3_omni.forward import ThinkerDecode  # noqa: E402
@@ -170,10 +171,7 @@ def main() -> None:
         res["talker_frame"] = bench_stage("talker", step, runner, cache, width, batches, talker_rows, args.reps,
                                           seen.zero_, args.profile_dir)
     res["max_memory_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
-    line = json.dumps(res)
-    print(line)
-    if args.out:
-        Path(args.out).write_text(line + "\n")
+    print_line(res, args.out)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_pipeline import speech_like  # noqa: E402
+from benchmarks.bench_pipeline import print_line, speech_like  # noqa: E402
 from models.qwen3_omni.audio_encoder import AudioEncoder  # noqa: E402
 from models.qwen3_omni.audio_stream import AudioStream, finish_all  # noqa: E402
 from models.qwen3_omni.config import AudioEncoderConfig  # noqa: E402
@@ -101,11 +101,8 @@ def main() -> None:
             Path(args.table).write_text(
                 f"N={ns[-1]} commit\n" + ka.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60)
                 + "\n" + (ka.table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60) if cuda else ""))
-    line = json.dumps({k: ({a: round(b, 3) for a, b in v.items()} if isinstance(v, dict) else v)
-                       for k, v in res.items()})
-    print(line)
-    if args.out:
-        Path(args.out).write_text(line + "\n")
+    print_line({k: ({a: round(b, 3) for a, b in v.items()} if isinstance(v, dict) else v) for k, v in res.items()},
+               args.out)
 
 
 if __name__ == "__main__":
