@@ -1,4 +1,5 @@
-"""The captured decode steps at full size on one GPU: thinker token and whole talker frame, per bucket.
+"""The captured decode steps at full size on one GPU: thinker token (the full sampler's step, and the step for
+all-greedy batches) and whole talker frame, per bucket.
 
 For each batch size: eager time, CUDA-graph replay time (median of CUDA-event timings), host time of
 `prepare` (filling the static buffers), and graph == eager (greedy ids identical, float outputs within
@@ -136,18 +137,20 @@ def main() -> None:
         cache, scratch = filled_cache(cfg.thinker.text, top, args.context, dtype, dev)
         width = -(-(args.context + 64) // 16)
         vocab = cfg.thinker.text.vocab_size
-        step = ThinkerDecode(model, cache, vocab)
-        runner = GraphRunner("thinker", step, step.inputs(dtype, width, scratch), dev, buckets, graphs=True)
-        runner.capture()
-        res["thinker_capture_s"] = round(runner.capture_s, 2)
         h = cfg.thinker.text.hidden_size
 
         def thinker_rows(n: int) -> dict:
             return {"x": torch.randn(n, 1, h, device=dev, dtype=dtype), "step": [0] * n, "no_eos": [True] * n,
                     **sampling_rows("s", [greedy] * n)}
-        res["thinker"] = bench_stage("thinker", step, runner, cache, width, batches, thinker_rows, args.reps,
-                                     lambda: None, args.profile_dir)
-        del cache, runner, step
+        for name, only_greedy in (("thinker", False), ("thinker_greedy", True)):  # the full sampler; argmax only
+            step = ThinkerDecode(model, cache, vocab, only_greedy)
+            runner = GraphRunner(name, step, step.inputs(dtype, width, scratch), dev, buckets, graphs=True)
+            runner.capture()
+            res[f"{name}_capture_s"] = round(runner.capture_s, 2)
+            res[name] = bench_stage(name, step, runner, cache, width, batches, thinker_rows, args.reps,
+                                    lambda: None, args.profile_dir)
+            del runner, step
+        del cache
         torch.cuda.empty_cache()
         # talker
         tctx = args.context // 4

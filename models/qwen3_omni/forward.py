@@ -21,11 +21,14 @@ from .model import Qwen3Omni
 @dataclass
 class ThinkerDecode:
     """One thinker token per row, sampled among the tokenizer's first `vocab` ids (a checkpoint's lm_head
-    may be wider); `no_eos` rows (benchmarks) never sample im_end. `bad`: rows whose logits hold NaN."""
+    may be wider); `no_eos` rows (benchmarks) never sample im_end. `bad`: rows whose logits hold NaN.
+    `greedy`: the step for batches of greedy rows only, argmax without the sampler's sort and draws over the
+    vocabulary (the same ids its greedy rows get from the full step)."""
 
     model: Qwen3Omni
     cache: PagedKVCache
     vocab: int
+    greedy: bool = False
 
     def inputs(self, dtype: torch.dtype, max_blocks: int, scratch_slot: int) -> dict[str, Input]:
         h = self.model.cfg.thinker.text.hidden_size
@@ -42,7 +45,9 @@ class ThinkerDecode:
         thinker, talker = self.model.thinker, self.model.talker
         logits = thinker.logits(hidden)[:, : self.vocab]
         suppress = b["no_eos"][:, None] & self._eos(logits.shape[-1], logits.device)
-        ids = static_sampler(b, "s")(logits, b["step"], suppress=suppress)
+        sampler = static_sampler(b, "s")
+        sampler.all_greedy = self.greedy
+        ids = sampler(logits, b["step"], suppress=suppress)
         embeds = thinker.embed(ids)
         out = {"ids": ids, "embeds": embeds, "bad": logits.isnan().any(dim=-1)}
         if talker is not None:  # a thinker-only model has no talker to feed

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from models.common.prefill import PrefillCall, Prefills
@@ -31,14 +33,15 @@ class ThinkerStep:
             self.tts = tts_embeds(model.talker, model.thinker.embed(ids))
         self.width = sc.graph_blocks
         step = ThinkerDecode(model, kv, vocab)
-        self.graph = GraphRunner("thinker", step, step.inputs(dtype, self.width, kv.scratch_slot), self.device,
-                                 sc.buckets, sc.graphs)
+        self.graph, self.greedy_graph = (
+            GraphRunner(name, s, s.inputs(dtype, self.width, kv.scratch_slot), self.device, sc.buckets, sc.graphs)
+            for name, s in (("thinker", step), ("thinker_greedy", replace(step, greedy=True))))
         prefill = ThinkerPrefill(step, cfg.talker.accept_hidden_layer if self.speaks else None)
         self.prefill = Prefills("thinker_prefill", prefill, lambda t, w: prefill.inputs(dtype, t, w), kv, self.device,
                                 sc.graphs)
 
     def capture(self, pool: object | None) -> object | None:
-        return self.prefill.capture(self.graph.capture(pool))
+        return self.prefill.capture(self.greedy_graph.capture(self.graph.capture(pool)))
 
     def decode(self, works: list[ThinkerWork]) -> Finish | None:
         """One reply token per row through the fixed-shape step; None if a row is not a plain decode."""
@@ -50,7 +53,8 @@ class ThinkerStep:
                 return None
         x = torch.cat([w.turn.session.embeds.tail(len(w.turn.session.ids) - 1) for w in works])
         rows = kv_views.rows(self.kv, [w.key for w in works], self.width) | self._rows(works) | {"x": x}
-        out = self.graph(len(works), rows)
+        greedy = all((w.turn.options.thinker or GREEDY).greedy for w in works)
+        out = (self.greedy_graph if greedy else self.graph)(len(works), rows)
         return lambda: self._commit(works, out)
 
     def run(self, works: list[ThinkerWork], lengths: list[int], prefill: bool) -> None:
