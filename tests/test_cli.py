@@ -1,4 +1,8 @@
-"""`omni-realtime` as a user runs it: mistakes are one line on stderr with exit code 2, no traceback."""
+"""`omni-realtime` as a user runs it: mistakes are one line on stderr with exit code 2, no traceback.
+
+Most mistakes run the CLI's own `main` in this process (tests/cli_run.py: the same exit code, stdout and
+stderr); a port in use, --debug's traceback, --version and the help under a key in the environment run the real
+entry point, `python -m realtime.cli`, in a fresh process."""
 
 from __future__ import annotations
 
@@ -13,16 +17,18 @@ from pathlib import Path
 import pytest
 
 from realtime.cli import parser
+from tests.cli_run import Ran
+from tests.cli_run import run_cli as run
 
 CLI = [sys.executable, "-m", "realtime.cli"]
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+def run_process(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
-def one_line_error(r: subprocess.CompletedProcess, *words: str) -> str:
+def one_line_error(r: subprocess.CompletedProcess | Ran, *words: str) -> str:
     assert r.returncode == 2, (r.returncode, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
@@ -50,14 +56,14 @@ def test_port_in_use_fails_before_the_model_loads():
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         t0 = time.monotonic()
-        r = run("serve", "--port", str(port))
+        r = run_process("serve", "--port", str(port))
         elapsed = time.monotonic() - t0
     one_line_error(r, f"127.0.0.1:{port}", "Address already in use", "--port")
     assert "loaded tiny" not in r.stderr and elapsed < 30, (elapsed, r.stderr)
 
 
 def test_debug_shows_the_traceback(tmp_path: Path):
-    r = run("serve", "--model", str(tmp_path / "nowhere"), "--debug")
+    r = run_process("serve", "--model", str(tmp_path / "nowhere"), "--debug")
     assert r.returncode != 0 and "Traceback" in r.stderr and "UsageError" in r.stderr, r.stderr
 
 
@@ -69,7 +75,7 @@ def test_tls_key_without_certificate(tmp_path: Path):
 def test_version():
     from importlib.metadata import version
 
-    r = run("--version")
+    r = run_process("--version")
     assert r.returncode == 0 and r.stdout.strip() == f"omni-realtime {version('omni-realtime')}", r
 
 
