@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +31,7 @@ from models.qwen3_tts.speech_tokenizer import SpeechTokenizer
 from models.qwen3_tts.tiny import tiny_codec, tiny_config, tiny_generation
 from pipelines.types import AudioChunk, GenerationOptions, Message, Turn, TurnDone, TurnError
 from realtime.wav import read_wav
+from tests.cli_run import run_cli
 from tests.reference_paths import save_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,10 +160,10 @@ def test_generate_cli_greedy_equals_the_reference(reference, tmp_path, name):
     if "ref_wave" in ref:  # float WAV: the reference audio exactly
         soundfile.write(str(tmp_path / "ref.wav"), ref["ref_wave"].numpy(), 24000, subtype="FLOAT")
         clone = ["--reference-audio", str(tmp_path / "ref.wav"), "--reference-text", case["ref_text"]]
-    run = subprocess.run([sys.executable, "-m", "realtime.cli", "generate", "--model", str(d), "--text", case["text"],
-                          "--voice", case["speaker"], "--language", case["language"], "--instructions",
-                          case["instruct"], *clone, "--greedy", "--device", "cpu", "--out", str(out), "--json"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    # the CLI's own main, in this process (tests/test_qwen3_tts_cli.py runs the entry point in a fresh one)
+    run = run_cli("generate", "--model", str(d), "--text", case["text"], "--voice", case["speaker"], "--language",
+                  case["language"], "--instructions", case["instruct"], *clone, "--greedy", "--device", "cpu",
+                  "--out", str(out), "--json", timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["codes"] == ref["codes"].tolist() and result["text"] == case["text"]
