@@ -6,6 +6,7 @@ The reference model is built once per variant and session, given random weights 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch
 
 from models.common.weights import random_weights_
 from models.qwen3_omni.tiny import tiny_config
+from tests.qwen_tts_env import QwenTTSEnv
 
 # Tiny matmuls on 2 shared cores: one thread each is many times faster than oversubscribed pools.
 torch.set_num_threads(1)
@@ -46,3 +48,13 @@ def hf_tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 @pytest.fixture(scope="session")
 def hf_tiny_a(tmp_path_factory: pytest.TempPathFactory) -> HFTiny:
     return build_hf_tiny("a", tmp_path_factory.mktemp("hf_tiny_a_only"))
+
+
+@pytest.fixture(scope="session")
+def qwen_tts_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QwenTTSEnv]:
+    """The reference Qwen3-TTS environment, one process for the session (its imports take about 11 s)."""
+    env = QwenTTSEnv(tmp_path_factory.mktemp("qwen_tts_env"))
+    try:
+        yield env
+    finally:
+        env.close()

@@ -15,7 +15,6 @@ than the reference's frames, its rest streamed, and shorter, padded).
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +34,6 @@ from tests.cli_run import run_cli
 from tests.reference_paths import save_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-REFERENCE_PY = ROOT / ".venv-qwen-tts" / "bin" / "python"
 FRAMES = 15
 # The tiny random decoder has a large gain (its output clips at +-1), so float32 rounding of our streamed
 # decode and the reference's one-shot decode differs by up to ~3e-3 here; test_qwen3_tts_codec.py checks the
@@ -58,8 +56,7 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict[str, Path]:
-    assert REFERENCE_PY.is_file(), "the reference environment is missing: run `make qwen-tts-env`"
+def reference(tmp_path_factory, qwen_tts_env) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("qwen3_tts")
     tokenizer = Tokenizer.builtin()
     cases, dirs = [], {}
@@ -71,9 +68,7 @@ def reference(tmp_path_factory) -> dict[str, Path]:
                           generation=tiny_generation() | {"max_new_tokens": FRAMES + 1}, codec=tiny_codec(),
                           **case))
     (root / "cases.json").write_text(json.dumps(cases))
-    run = subprocess.run([str(REFERENCE_PY), str(ROOT / "tests" / "qwen3_tts_reference.py"), str(root / "cases.json")],
-                         capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-4000:]
+    qwen_tts_env.run(ROOT / "tests" / "qwen3_tts_reference.py", str(root / "cases.json"), timeout=900)
     return dirs
 
 
