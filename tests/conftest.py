@@ -39,15 +39,26 @@ def build_hf_tiny(variant: str, path: Path, seed: int = 0) -> HFTiny:
     return HFTiny(variant, path, model)
 
 
+_BUILT: dict[str, HFTiny] = {}
+
+
+def hf_tiny_once(variant: str, tmp_path_factory: pytest.TempPathFactory) -> HFTiny:
+    """Each variant is built once per session (the tests only read the model and its files): hf_tiny's "a" is
+    hf_tiny_a."""
+    if variant not in _BUILT:
+        _BUILT[variant] = build_hf_tiny(variant, tmp_path_factory.mktemp(f"hf_tiny_{variant}"))
+    return _BUILT[variant]
+
+
 @pytest.fixture(scope="session", params=["a", "b"])
 def hf_tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> HFTiny:
     """Both tiny variants, one after the other."""
-    return build_hf_tiny(request.param, tmp_path_factory.mktemp(f"hf_tiny_{request.param}"))
+    return hf_tiny_once(request.param, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def hf_tiny_a(tmp_path_factory: pytest.TempPathFactory) -> HFTiny:
-    return build_hf_tiny("a", tmp_path_factory.mktemp("hf_tiny_a_only"))
+    return hf_tiny_once("a", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
