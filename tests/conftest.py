@@ -6,6 +6,7 @@ The reference model is built once per variant and session, given random weights 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch
 
 from models.common.weights import random_weights_
 from models.qwen3_omni.tiny import tiny_config
+from tests.qwen_tts_env import QwenTTSEnv
 
 # Tiny matmuls on 2 shared cores: one thread each is many times faster than oversubscribed pools.
 torch.set_num_threads(1)
@@ -37,12 +39,33 @@ def build_hf_tiny(variant: str, path: Path, seed: int = 0) -> HFTiny:
     return HFTiny(variant, path, model)
 
 
+_BUILT: dict[str, HFTiny] = {}
+
+
+def hf_tiny_once(variant: str, tmp_path_factory: pytest.TempPathFactory) -> HFTiny:
+    """Each variant is built once per session (the tests only read the model and its files): hf_tiny's "a" is
+    hf_tiny_a."""
+    if variant not in _BUILT:
+        _BUILT[variant] = build_hf_tiny(variant, tmp_path_factory.mktemp(f"hf_tiny_{variant}"))
+    return _BUILT[variant]
+
+
 @pytest.fixture(scope="session", params=["a", "b"])
 def hf_tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> HFTiny:
     """Both tiny variants, one after the other."""
-    return build_hf_tiny(request.param, tmp_path_factory.mktemp(f"hf_tiny_{request.param}"))
+    return hf_tiny_once(request.param, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def hf_tiny_a(tmp_path_factory: pytest.TempPathFactory) -> HFTiny:
-    return build_hf_tiny("a", tmp_path_factory.mktemp("hf_tiny_a_only"))
+    return hf_tiny_once("a", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def qwen_tts_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QwenTTSEnv]:
+    """The reference Qwen3-TTS environment, one process for the session (its imports take about 11 s)."""
+    env = QwenTTSEnv(tmp_path_factory.mktemp("qwen_tts_env"))
+    try:
+        yield env
+    finally:
+        env.close()

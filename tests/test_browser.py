@@ -16,6 +16,7 @@ import time
 import wave
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ from realtime.session import Limits
 from tests.realtime_server import running
 
 try:
-    from playwright.sync_api import BrowserContext, Page, sync_playwright
+    from playwright.sync_api import BrowserContext, Page, Playwright, sync_playwright
     from playwright.sync_api import TimeoutError as PageTimeout
 except ImportError:  # checked in the `chromium` fixture
     sync_playwright, PageTimeout = None, TimeoutError
@@ -74,14 +75,24 @@ def _missing(what: str) -> None:
     pytest.skip(what)
 
 
+@dataclass
+class Chromium:
+    exe: str
+    driver: Playwright  # playwright's driver process, started once per module (~1 s); each test its own Chromium
+
+
 @pytest.fixture(scope="module")
-def chromium() -> str:
+def chromium() -> Iterator[Chromium]:
     exe = shutil.which("chromium") or "/usr/bin/chromium"
     if sync_playwright is None:
         _missing("playwright is not installed (pip install -e '.[test]')")
     if not os.access(exe, os.X_OK):
         _missing("Chromium is not installed (apt-get install chromium)")
-    return exe
+    driver = sync_playwright().start()
+    try:
+        yield Chromium(exe, driver)
+    finally:
+        driver.stop()
 
 
 @pytest.fixture(scope="module")
@@ -177,20 +188,20 @@ class Browser:
 
 
 @contextmanager
-def browse(chromium: str, wav: Path, profile: Path, viewport: dict = DESKTOP, flags: tuple = ()) -> Iterator[Browser]:
-    """A fresh Chromium profile and one page (not yet opened)."""
-    with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            profile, executable_path=chromium, headless=True, viewport=viewport,
-            args=[*FLAGS, *flags, f"--use-file-for-fake-audio-capture={wav}"])
-        try:
-            yield Browser(context)
-        finally:
-            context.close()
+def browse(chromium: Chromium, wav: Path, profile: Path, viewport: dict = DESKTOP,
+           flags: tuple = ()) -> Iterator[Browser]:
+    """A fresh Chromium (its own process and profile) and one page (not yet opened)."""
+    context = chromium.driver.chromium.launch_persistent_context(
+        profile, executable_path=chromium.exe, headless=True, viewport=viewport,
+        args=[*FLAGS, *flags, f"--use-file-for-fake-audio-capture={wav}"])
+    try:
+        yield Browser(context)
+    finally:
+        context.close()
 
 
 @contextmanager
-def serve_and_browse(pipeline, cfg: ServerConfig, chromium: str, wav: Path, profile: Path,
+def serve_and_browse(pipeline, cfg: ServerConfig, chromium: Chromium, wav: Path, profile: Path,
                      viewport: dict = DESKTOP) -> Iterator[Browser]:
     """The server, and a fresh Chromium on its demo page; the browser closes first, always (an open socket
     would hold up the server's shutdown)."""
@@ -258,7 +269,7 @@ def check_turn(b: Browser, detected: bool) -> dict:
     return s
 
 
-def test_server_vad_turn_with_settings_log_meter_and_latency(pipeline, chromium: str, wav: Path, tmp_path: Path):
+def test_server_vad_turn_with_settings_log_meter_and_latency(pipeline, chromium: Chromium, wav: Path, tmp_path: Path):
     """Hands-free, with instructions and VAD settings chosen first: the page sends them, hears the fake mic,
     shows the turn in the event log, meter and latency readout, and plays the reply; changes apply live."""
     t0 = time.monotonic()
@@ -333,7 +344,7 @@ def test_server_vad_turn_with_settings_log_meter_and_latency(pipeline, chromium:
     print(f"server VAD turn in the browser: {time.monotonic() - t0:.1f} s")
 
 
-def test_push_to_talk_with_a_remembered_api_key(pipeline, chromium: str, wav: Path, tmp_path: Path):
+def test_push_to_talk_with_a_remembered_api_key(pipeline, chromium: Chromium, wav: Path, tmp_path: Path):
     """Push-to-talk through the key subprotocol: a wrong key is refused and said so; the right one, remembered,
     holds a turn and is filled in again after a reload."""
     t0 = time.monotonic()
@@ -376,7 +387,7 @@ def test_push_to_talk_with_a_remembered_api_key(pipeline, chromium: str, wav: Pa
     print(f"push-to-talk turn in the browser: {time.monotonic() - t0:.1f} s")
 
 
-def test_reconnects_by_itself_after_a_server_restart(pipeline, chromium: str, wav: Path, tmp_path: Path):
+def test_reconnects_by_itself_after_a_server_restart(pipeline, chromium: Chromium, wav: Path, tmp_path: Path):
     t0 = time.monotonic()
     cfg = ServerConfig(limits=LIMITS)
     with browse(chromium, wav, tmp_path / "profile") as browser:
@@ -400,7 +411,7 @@ def test_reconnects_by_itself_after_a_server_restart(pipeline, chromium: str, wa
     print(f"reconnect in the browser: {time.monotonic() - t0:.1f} s")
 
 
-def test_barge_in_cuts_the_bubble_to_what_was_heard(pipeline, chromium: str, two_turns_wav: Path, tmp_path: Path):
+def test_barge_in_cuts_the_bubble_to_what_was_heard(pipeline, chromium: Chromium, two_turns_wav: Path, tmp_path: Path):
     """The second burst of speech talks over the first reply: playback stops, the page truncates the item at
     what it played, and the bubble shows the server's transcript of that part only."""
     t0 = time.monotonic()
@@ -440,7 +451,7 @@ def test_barge_in_cuts_the_bubble_to_what_was_heard(pipeline, chromium: str, two
     print(f"barge-in in the browser: {time.monotonic() - t0:.1f} s (heard {cut['audio_end_ms']} ms)")
 
 
-def test_insecure_context_says_why_and_text_still_works(pipeline, chromium: str, wav: Path, tmp_path: Path):
+def test_insecure_context_says_why_and_text_still_works(pipeline, chromium: Chromium, wav: Path, tmp_path: Path):
     """Opened by a host name that is not localhost over plain HTTP: no microphone, and the page says why;
     a typed message (Enter) is answered. On a phone-sized screen."""
     t0 = time.monotonic()
@@ -486,7 +497,7 @@ def newest_end_in_view(b: Browser) -> dict:
     }""")
 
 
-def test_phone_keeps_the_newest_reply_in_view_and_shows_what_it_sends(pipeline, chromium: str, wav: Path,
+def test_phone_keeps_the_newest_reply_in_view_and_shows_what_it_sends(pipeline, chromium: Chromium, wav: Path,
                                                                       tmp_path: Path):
     """At 390x844: after a spoken and then a typed turn the newest message's end is on screen; number fields
     show the value that is sent; one settings panel at a time reaches 'Remember key' and a long event log;

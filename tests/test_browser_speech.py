@@ -13,7 +13,7 @@ from realtime.server import ServerConfig
 from realtime.session import Limits
 from tests import test_browser
 from tests.realtime_server import running
-from tests.test_browser import TIMEOUT_MS, browse
+from tests.test_browser import TIMEOUT_MS, Chromium, browse
 
 chromium, wav = test_browser.chromium, test_browser.wav  # the chat page tests' fixtures
 
@@ -27,7 +27,7 @@ def tts():
         yield pipeline
 
 
-def test_read_aloud_speaks_typed_text_in_the_chosen_voice(tts, chromium: str, wav: Path, tmp_path: Path) -> None:
+def test_read_aloud_speaks_typed_text_in_the_chosen_voice(tts, chromium: Chromium, wav: Path, tmp_path: Path) -> None:
     cfg = ServerConfig(api_key=KEY, data_dir=tmp_path / "data", limits=Limits(max_frames=10))
     with running(tts, cfg) as (url, _), browse(chromium, wav, tmp_path / "profile") as b:
         page = b.page
@@ -47,7 +47,7 @@ def test_read_aloud_speaks_typed_text_in_the_chosen_voice(tts, chromium: str, wa
         assert page.text_content("#speak-status") == ""
 
 
-def test_read_aloud_is_hidden_for_a_model_that_cannot(chromium: str, wav: Path, tmp_path: Path) -> None:
+def test_read_aloud_is_hidden_for_a_model_that_cannot(chromium: Chromium, wav: Path, tmp_path: Path) -> None:
     pipeline = build_pipeline("tiny-thinker")
     with pipeline, running(pipeline, ServerConfig(data_dir=tmp_path / "data")) as (url, _), \
             browse(chromium, wav, tmp_path / "profile") as b:

@@ -1,9 +1,12 @@
-"""`omni-realtime` as a user runs it: mistakes are one line on stderr with exit code 2, no traceback."""
+"""`omni-realtime` as a user runs it: mistakes are one line on stderr with exit code 2, no traceback.
+
+Most mistakes run the CLI's own `main` in this process (tests/cli_run.py: the same exit code, stdout and
+stderr); a port in use and --debug's traceback run the real entry point, `python -m realtime.cli`, in a fresh
+process."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import subprocess
 import sys
@@ -13,16 +16,18 @@ from pathlib import Path
 import pytest
 
 from realtime.cli import parser
+from tests.cli_run import Ran
+from tests.cli_run import run_cli as run
 
 CLI = [sys.executable, "-m", "realtime.cli"]
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+def run_process(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
-def one_line_error(r: subprocess.CompletedProcess, *words: str) -> str:
+def one_line_error(r: subprocess.CompletedProcess | Ran, *words: str) -> str:
     assert r.returncode == 2, (r.returncode, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
@@ -50,14 +55,14 @@ def test_port_in_use_fails_before_the_model_loads():
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         t0 = time.monotonic()
-        r = run("serve", "--port", str(port))
+        r = run_process("serve", "--port", str(port))
         elapsed = time.monotonic() - t0
     one_line_error(r, f"127.0.0.1:{port}", "Address already in use", "--port")
     assert "loaded tiny" not in r.stderr and elapsed < 30, (elapsed, r.stderr)
 
 
 def test_debug_shows_the_traceback(tmp_path: Path):
-    r = run("serve", "--model", str(tmp_path / "nowhere"), "--debug")
+    r = run_process("serve", "--model", str(tmp_path / "nowhere"), "--debug")
     assert r.returncode != 0 and "Traceback" in r.stderr and "UsageError" in r.stderr, r.stderr
 
 
@@ -86,7 +91,7 @@ def test_help_states_every_default(command: str):
         assert "--model tiny a reply stops after" in text  # the tiny model's reply cap is stated
 
 
-def test_help_never_shows_the_key_from_the_environment():
-    r = subprocess.run([*CLI, "serve", "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT,
-                       env={**os.environ, "OMNI_REALTIME_API_KEY": "sekrit-from-env"})
+def test_help_never_shows_the_key_from_the_environment(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("OMNI_REALTIME_API_KEY", "sekrit-from-env")  # main builds its parser after this
+    r = run("serve", "--help")
     assert r.returncode == 0 and "sekrit-from-env" not in r.stdout and "OMNI_REALTIME_API_KEY" in r.stdout

@@ -1,6 +1,8 @@
 """`omni-realtime generate` with the tiny Qwen3-TTS preset: text read aloud with a voice, a language and a
 speaking style (greedy equals the pipeline's greedy turn), and the speaking flags checked against what the
-model declares before anything loads (one line, exit code 2)."""
+model declares before anything loads (one line, exit code 2). The reading aloud runs the real entry point,
+`python -m realtime.cli`, in a fresh process; the flag checks run the CLI's own `main` in this process
+(tests/cli_run.py: the same exit code, stdout and stderr)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import numpy as np
 from models import registry
 from pipelines.types import AudioChunk, GenerationOptions, Message, Turn, TurnDone
 from realtime.wav import read_wav
+from tests.cli_run import Ran, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "Good morning! The train to Lyon leaves at nine."
@@ -46,7 +49,7 @@ def test_generate_reads_the_text_aloud_as_the_pipeline_does(tmp_path):
     np.testing.assert_allclose(wave, pcm, atol=5e-3)
 
 
-def one_line_error(r: subprocess.CompletedProcess, *words: str) -> None:
+def one_line_error(r: subprocess.CompletedProcess | Ran, *words: str) -> None:
     assert r.returncode == 2, (r.returncode, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
@@ -54,15 +57,16 @@ def one_line_error(r: subprocess.CompletedProcess, *words: str) -> None:
 
 
 def test_speaking_flags_are_checked_before_loading(tmp_path):
-    one_line_error(generate("--model", "tiny-tts", "--text", "hi", "--language", "klingon"), "--language klingon",
-                   "english")
-    one_line_error(generate("--model", "tiny-tts", "--text", "hi", "--voice", "nobody"), "--voice nobody", "vivian")
-    one_line_error(generate("--model", "tiny-tts", "--text", "hi", "--reference-text", "hello"), "--reference-text")
+    def check(*args: str) -> Ran:
+        return run_cli("generate", "--text", "hi", *args)
+
+    one_line_error(check("--model", "tiny-tts", "--language", "klingon"), "--language klingon", "english")
+    one_line_error(check("--model", "tiny-tts", "--voice", "nobody"), "--voice nobody", "vivian")
+    one_line_error(check("--model", "tiny-tts", "--reference-text", "hello"), "--reference-text")
     ref = tmp_path / "ref.wav"
     ref.write_bytes(b"")
-    one_line_error(generate("--model", "tiny-tts", "--text", "hi", "--reference-audio", str(ref)),
-                   "--reference-audio", "cannot clone")
+    one_line_error(check("--model", "tiny-tts", "--reference-audio", str(ref)), "--reference-audio", "cannot clone")
     for blank in ("", " \t "):
-        one_line_error(generate("--model", "tiny-tts", "--text", "hi", "--reference-audio", str(ref),
-                                "--reference-text", blank), "--reference-text is blank")
-    one_line_error(generate("--model", "tiny", "--text", "hi", "--language", "english"), "--language", "none")
+        one_line_error(check("--model", "tiny-tts", "--reference-audio", str(ref), "--reference-text", blank),
+                       "--reference-text is blank")
+    one_line_error(check("--model", "tiny", "--language", "english"), "--language", "none")

@@ -10,7 +10,6 @@ would hide errors): to 1e-9 in float64, 1e-5 in float32, relative to the peak.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,16 +20,12 @@ from models.common.code2wav_batch import Code2WavSlots
 from models.qwen3_tts.speech_tokenizer import SpeechTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-REFERENCE_PYTHON = ROOT / ".venv-qwen-tts" / "bin" / "python"
 
 
 @pytest.fixture(scope="module")
-def ref(tmp_path_factory: pytest.TempPathFactory) -> tuple[SpeechTokenizer, dict[str, torch.Tensor]]:
-    assert REFERENCE_PYTHON.exists(), f"{REFERENCE_PYTHON} is missing: build it with `make .venv-qwen-tts`"
+def ref(tmp_path_factory: pytest.TempPathFactory, qwen_tts_env) -> tuple[SpeechTokenizer, dict[str, torch.Tensor]]:
     out = tmp_path_factory.mktemp("qwen_tts_codec")
-    script = ROOT / "tests" / "reference" / "qwen_tts_codec.py"
-    done = subprocess.run([str(REFERENCE_PYTHON), str(script), str(out)], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
+    qwen_tts_env.run(ROOT / "tests" / "reference" / "qwen_tts_codec.py", str(out), timeout=600)
     return SpeechTokenizer.load(out / "speech_tokenizer"), load_file(str(out / "reference.safetensors"))
 
 

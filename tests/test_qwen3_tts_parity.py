@@ -15,8 +15,6 @@ than the reference's frames, its rest streamed, and shorter, padded).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -32,10 +30,10 @@ from models.qwen3_tts.speech_tokenizer import SpeechTokenizer
 from models.qwen3_tts.tiny import tiny_codec, tiny_config, tiny_generation
 from pipelines.types import AudioChunk, GenerationOptions, Message, Turn, TurnDone, TurnError
 from realtime.wav import read_wav
+from tests.cli_run import run_cli
 from tests.reference_paths import save_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-REFERENCE_PY = ROOT / ".venv-qwen-tts" / "bin" / "python"
 FRAMES = 15
 # The tiny random decoder has a large gain (its output clips at +-1), so float32 rounding of our streamed
 # decode and the reference's one-shot decode differs by up to ~3e-3 here; test_qwen3_tts_codec.py checks the
@@ -58,8 +56,7 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict[str, Path]:
-    assert REFERENCE_PY.is_file(), "the reference environment is missing: run `make qwen-tts-env`"
+def reference(tmp_path_factory, qwen_tts_env) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("qwen3_tts")
     tokenizer = Tokenizer.builtin()
     cases, dirs = [], {}
@@ -71,9 +68,7 @@ def reference(tmp_path_factory) -> dict[str, Path]:
                           generation=tiny_generation() | {"max_new_tokens": FRAMES + 1}, codec=tiny_codec(),
                           **case))
     (root / "cases.json").write_text(json.dumps(cases))
-    run = subprocess.run([str(REFERENCE_PY), str(ROOT / "tests" / "qwen3_tts_reference.py"), str(root / "cases.json")],
-                         capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-4000:]
+    qwen_tts_env.run(ROOT / "tests" / "qwen3_tts_reference.py", str(root / "cases.json"), timeout=900)
     return dirs
 
 
@@ -160,10 +155,10 @@ def test_generate_cli_greedy_equals_the_reference(reference, tmp_path, name):
     if "ref_wave" in ref:  # float WAV: the reference audio exactly
         soundfile.write(str(tmp_path / "ref.wav"), ref["ref_wave"].numpy(), 24000, subtype="FLOAT")
         clone = ["--reference-audio", str(tmp_path / "ref.wav"), "--reference-text", case["ref_text"]]
-    run = subprocess.run([sys.executable, "-m", "realtime.cli", "generate", "--model", str(d), "--text", case["text"],
-                          "--voice", case["speaker"], "--language", case["language"], "--instructions",
-                          case["instruct"], *clone, "--greedy", "--device", "cpu", "--out", str(out), "--json"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    # the CLI's own main, in this process (tests/test_qwen3_tts_cli.py runs the entry point in a fresh one)
+    run = run_cli("generate", "--model", str(d), "--text", case["text"], "--voice", case["speaker"], "--language",
+                  case["language"], "--instructions", case["instruct"], *clone, "--greedy", "--device", "cpu",
+                  "--out", str(out), "--json", timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["codes"] == ref["codes"].tolist() and result["text"] == case["text"]

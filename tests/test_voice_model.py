@@ -13,8 +13,6 @@ import asyncio
 import base64
 import json
 import queue
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,12 +28,12 @@ from pipelines.types import AudioChunk, Event, GenerationOptions, Message, TextD
 from realtime.server import ServerConfig
 from realtime.session import Limits
 from tests.audio_files import encode_file, tone
+from tests.cli_run import run_cli
 from tests.contract import live, options, outcome, together, user
 from tests.realtime_server import client as async_client
 from tests.realtime_server import next_event, running, until
 from tests.serve_process import serve
 
-ROOT = Path(__file__).resolve().parents[1]
 LIMITS = Limits(max_text_tokens=8, max_frames=12)
 BASE = "tiny-tts-base"  # the tiny preset's config as a Base checkpoint, registered here for the tests
 QUESTION = "Hello there, how are you?"
@@ -247,8 +245,7 @@ def test_serve_with_a_voice_model_and_its_errors_in_one_line() -> None:
         assert client.get("/models", cast_to=object)["data"][0]["capabilities"]["voices"][0] == "vivian"
     for voice, words in (("/no/such/dir", ("--voice-model /no/such/dir", "no such directory")),
                          ("tiny", ("--voice-model tiny", "cannot be another model's voice"))):
-        r = subprocess.run([sys.executable, "-m", "realtime.cli", "serve", "--port", "0", "--model", "tiny",
-                            "--voice-model", voice], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        r = run_cli("serve", "--port", "0", "--model", "tiny", "--voice-model", voice)  # main, in this process
         assert r.returncode == 2, r.stderr
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and all(w in lines[0] for w in words), r.stderr
