@@ -13,6 +13,16 @@ import torch
 from .code_predictor import CodePredictor, Sampler, greedy
 from .layers import KVCache
 
+CONTROL_IDS = 1024  # the codec vocabulary's last ids are control ids, never sampled (except codec_eos)
+
+
+def codec_suppress(vocab: int, eos: int) -> torch.Tensor:
+    """[vocab] bool: the ids a talker never samples."""
+    mask = torch.zeros(vocab, dtype=torch.bool)
+    mask[vocab - CONTROL_IDS :] = True
+    mask[eos] = False
+    return mask
+
 
 @dataclass(frozen=True)
 class CodecFrame:

@@ -3,12 +3,23 @@ of its cache entries."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 from pipelines.sampling import SamplingParams
+from pipelines.types import GenerationOptions
 
 GREEDY = SamplingParams(greedy=True)
 NAN_MESSAGE = "the model's output is not a number"  # a row whose logits hold a NaN: its turn ends alone
+
+
+def settle(sampling: dict[str, SamplingParams], opts: GenerationOptions) -> dict[str, SamplingParams]:
+    """Each stage's sampling under `opts`: greedy is argmax in every stage, the talker keeping its repetition
+    penalty as the references' greedy does; the request's seed for a stage without one."""
+    if opts.greedy:
+        sampling = {n: SamplingParams(greedy=True, repetition_penalty=p.repetition_penalty) if n == "talker" else GREEDY
+                    for n, p in sampling.items()}
+    return {n: replace(p, seed=opts.seed) if opts.seed and not p.seed else p for n, p in sampling.items()}
 
 
 class Turn(Protocol):
