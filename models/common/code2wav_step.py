@@ -10,7 +10,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from pipelines.graphs import BUCKETS, GraphRunner, Input
+from pipelines.graphs import GraphRunner, Input
+from pipelines.stage import StageConfig
 from pipelines.types import AudioChunk
 
 from .code2wav import Code2Wav
@@ -57,17 +58,15 @@ class Code2WavWork(Work):
 
 
 class Code2WavStep:
-    def __init__(self, code2wav: Code2Wav, device: torch.device, dtype: torch.dtype, slots: int = 256,
-                 graphs: bool = False, buckets: tuple[int, ...] = BUCKETS) -> None:
-        self.device = device
-        self.streams = Code2WavSlots(code2wav, slots, device, dtype)
+    def __init__(self, code2wav: Code2Wav, sc: StageConfig, dtype: torch.dtype, slots: int = 256) -> None:
+        self.device = device = torch.device(sc.device)
+        self.streams = s = Code2WavSlots(code2wav, slots, device, dtype)
         q = code2wav.cfg.num_quantizers
-        inputs = {"slot": Input((), torch.long, self.streams.scratch), "codes": Input((q,), torch.long, 0)}
-        s = self.streams
+        inputs = {"slot": Input((), torch.long, s.scratch), "codes": Input((q,), torch.long, 0)}
         self.later = GraphRunner("code2wav", lambda b: {"pcm": s.step(b["slot"], b["codes"])}, inputs, device,
-                                 buckets, graphs)
+                                 sc.buckets, sc.graphs)
         self.first = GraphRunner("code2wav_first", lambda b: {"pcm": s.step(b["slot"], b["codes"], first=True)},
-                                 inputs, device, buckets, graphs)
+                                 inputs, device, sc.buckets, sc.graphs)
 
     @property
     def slots_in_use(self) -> int:

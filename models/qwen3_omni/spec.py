@@ -88,7 +88,7 @@ class TurnSettings:
         if (opts.reference_audio is not None or opts.reference_text) and not spec.clones:
             raise ValueError("this model cannot clone a voice from reference audio")
         speaker = spec.voice(opts.voice) if spec.speaks else ""
-        get = settle({n: opts.sampling_for(n, spec.sampling.get(n, DEFAULTS[n])) for n in DEFAULTS}, opts)
+        get = settle({n: opts.sampling.get(n, spec.sampling.get(n, DEFAULTS[n])) for n in DEFAULTS}, opts)
         return cls(opts.audio, speaker, get["thinker"], get["talker"], get["predictor"], opts.greedy,
                    opts.max_text_tokens, opts.max_frames, opts.ignore_eos, opts.background, opts.tools,
                    opts.tool_choice)

@@ -69,12 +69,11 @@ class TtsPipelineConfig:
 
     def stages(self, model: Qwen3Tts) -> list[Stage]:
         """The talker stage, over its own paged KV cache, and the Code2Wav stage."""
-        device, dtype = torch.device(self.device), getattr(torch, self.dtype)
+        dtype = getattr(torch, self.dtype)
         kv = PagedKVCache(self.kv_layout(model))
         with torch.inference_mode():
             talker = TalkerStep(model.talker, model.cfg, dtype, kv, self.talker)
-            code2wav = Code2WavStep(model.code2wav, device, dtype, graphs=self.code2wav.graphs,
-                                    buckets=self.code2wav.buckets)
+            code2wav = Code2WavStep(model.code2wav, self.code2wav, dtype)
         return [Stage(self.talker, talker, kv), Stage(self.code2wav, code2wav, None)]
 
 

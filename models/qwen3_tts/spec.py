@@ -105,7 +105,7 @@ class TurnSettings:
             raise ValueError(f"unknown language {opts.language!r} (this model has: {', '.join(spec.languages)})")
         if opts.instructions and not spec.instructions:
             raise ValueError("this model takes no instructions")
-        s = settle({n: opts.sampling_for(n, getattr(gen, n)) for n in ("talker", "predictor")}, opts)
+        s = settle({n: opts.sampling.get(n, getattr(gen, n)) for n in ("talker", "predictor")}, opts)
         # the reference makes max_new_tokens - 1 frames when no EOS comes (the last token's frame is never made)
         frames = min(opts.max_frames, max(1, gen.max_new_tokens - 1))
         return cls(speaker, language, opts.instructions, s["talker"], s["predictor"], frames, opts.ignore_eos,
