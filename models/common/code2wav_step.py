@@ -4,7 +4,6 @@ fixed-shape call, later ones in another), each turn's stream in a Code2WavSlots 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -41,20 +40,13 @@ class Code2WavWork(Work):
         # [R, Q] codes decoded ahead of the turn's, their audio not played (a cloned voice's reference audio);
         # exact for a decoder of holdback 0 (Qwen3-TTS's): the first sample played is the turn's first frame's
         self.prefix = prefix
-        self.slot: int | None = None  # the stream's state in the decoder, from its first frame
-        self.pushed = 0  # frames decoded so far
-        self.close_slot: Callable[[int], None] = lambda slot: None
+        self.pushed = 0  # frames decoded so far; `slot`: the stream's state in the decoder, from its first frame
 
     def pending(self) -> int:
         t = self.turn
         if t.finished or t.audio_done:
             return 0
         return len(t.frames_out) or int(t.talker_done)
-
-    def release(self) -> None:
-        if self.slot is not None:
-            self.close_slot(self.slot)
-            self.slot = None
 
 
 class Code2WavStep:
@@ -81,7 +73,7 @@ class Code2WavStep:
                 if not self.streams.free_slots:
                     w.fail("server_busy", f"all {self.streams.scratch} Code2Wav streams are in use")
                     continue
-                w.slot, w.close_slot = self.streams.open(), self.streams.close
+                w.slot, w.free_slot = self.streams.open(), self.streams.close
                 if w.prefix is not None:
                     self.streams.push(w.slot, w.prefix.T[None].to(self.device))
         works = [w for w in works if not w.turn.finished]

@@ -3,6 +3,7 @@ of its cache entries."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
@@ -36,6 +37,8 @@ class Work:
     def __init__(self, turn: Turn, key: str) -> None:
         self.turn = turn
         self.key = key
+        self.slot: int | None = None  # its row of the stage's per-stream state (a stream stage's), once it has one
+        self.free_slot: Callable[[int], None] = lambda slot: None
 
     @property
     def held(self) -> bool:
@@ -49,3 +52,6 @@ class Work:
 
     def release(self) -> None:
         """Give back what the work holds beyond its KV cache (called once its turn has ended)."""
+        if self.slot is not None:
+            self.free_slot(self.slot)
+            self.slot = None
