@@ -83,7 +83,6 @@ class Qwen3TtsProgram(StagedProgram):
             raise ValueError("Qwen3-TTS needs its speech tokenizer's decoder to speak")
         self.model, self.tokenizer, self.gen, self.cfg = model, tokenizer, gen, cfg
         stages = cfg.stages(model)
-        self.talker, self.code2wav = (s.runner.model for s in stages)
         super().__init__(tts_spec(model.cfg, gen, cfg.model if cfg.model in PRESETS else ""), stages,
                          session_stage="talker")
         layout = stages[0].kv.layout
@@ -94,7 +93,7 @@ class Qwen3TtsProgram(StagedProgram):
         return Session(session_id)
 
     def extra_counters(self) -> dict:
-        return {"stream_slots": {"talker": self.talker.slots_in_use, "code2wav": self.code2wav.slots_in_use}}
+        return {"stream_slots": {s.name: s.runner.model.slots_in_use for s in self.stages}}
 
     def prepare(self, session: Session, turn: Turn, emit: Emit) -> tuple[TurnState, list]:
         opts = TurnSettings.resolve(turn.options, self.spec, self.model.cfg, self.gen)
