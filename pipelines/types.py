@@ -85,9 +85,6 @@ class GenerationOptions:
         if self.reference_audio is not None and self.reference_audio.dim() != 1:
             raise ValueError("reference_audio must be a 1-D waveform")
 
-    def sampling_for(self, stage: str, default: SamplingParams | None) -> SamplingParams | None:
-        return self.sampling.get(stage, default)
-
 
 @dataclass
 class Turn:

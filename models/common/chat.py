@@ -52,45 +52,23 @@ class Prompt:
         return Prompt(self.ids + other.ids, self.audio_spans + shifted)
 
 
-class _Builder:
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.spans: list[tuple[int, int]] = []
-
-    def special(self, token: str) -> None:
-        self.ids.append(self.tokenizer.special_ids[token])
-
-    def text(self, text: str) -> None:
-        self.ids.extend(self.tokenizer.encode(text))
-
-    def audio(self, n: int) -> None:
-        self.special(AUDIO_START)
-        self.spans.append((len(self.ids), n))
-        self.ids.extend([self.tokenizer.special_ids[AUDIO_PAD]] * n)
-        self.special(AUDIO_END)
-
-    def turn(self, turn: Turn) -> None:
-        self.special(IM_START)
-        if turn.audio_tokens:
-            self.text(f"{turn.role}\n")
-            self.audio(turn.audio_tokens)
-            self.text(turn.text)
-        else:
-            self.text(f"{turn.role}\n{turn.text}")
-        self.special(IM_END)
-        self.text("\n")
-
-
 def render(tokenizer: Tokenizer, turns: Iterable[Turn], add_generation_prompt: bool = True) -> Prompt:
     """A whole conversation; with `add_generation_prompt` it ends in "<|im_start|>assistant\\n"."""
-    out = _Builder(tokenizer)
+    special, encode = tokenizer.special_ids, tokenizer.encode
+    ids: list[int] = []
+    spans: list[tuple[int, int]] = []
     for turn in turns:
-        out.turn(turn)
+        ids.append(special[IM_START])
+        if turn.audio_tokens:
+            ids += [*encode(f"{turn.role}\n"), special[AUDIO_START]]
+            spans.append((len(ids), turn.audio_tokens))
+            ids += [special[AUDIO_PAD]] * turn.audio_tokens + [special[AUDIO_END], *encode(turn.text)]
+        else:
+            ids += encode(f"{turn.role}\n{turn.text}")
+        ids += [special[IM_END], *encode("\n")]
     if add_generation_prompt:
-        out.special(IM_START)
-        out.text("assistant\n")
-    return Prompt(tuple(out.ids), tuple(out.spans))
+        ids += [special[IM_START], *encode("assistant\n")]
+    return Prompt(tuple(ids), tuple(spans))
 
 
 def render_continuation(tokenizer: Tokenizer, turns: Iterable[Turn], add_generation_prompt: bool = True) -> Prompt:

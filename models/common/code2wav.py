@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.common.config import Code2WavConfig
-from models.common.layers import LayerStack, RMSNorm, Rope, SelfAttention, SwiGLU, attention
+from models.common.layers import DenseKVCache, KVCache, LayerStack, RMSNorm, Rope, SelfAttention, SwiGLU
 
 
 class CausalConv(nn.Module):
@@ -126,27 +126,9 @@ class TransformerLayer(nn.Module):
         self.mlp_layer_scale = LayerScale(h)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
-                cache: SlidingKV) -> torch.Tensor:
+                cache: KVCache) -> torch.Tensor:
         x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, layer, cache))
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
-
-
-class SlidingKV:
-    """Sliding-window KV cache: per layer only the last window - 1 keys, all a later query can see."""
-
-    def __init__(self, num_layers: int, window: int) -> None:
-        self.window = window
-        self.k: list[torch.Tensor | None] = [None] * num_layers
-        self.v: list[torch.Tensor | None] = [None] * num_layers
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        past = 0
-        if self.k[layer] is not None:
-            past = self.k[layer].shape[1]
-            k, v = torch.cat((self.k[layer], k), dim=1), torch.cat((self.v[layer], v), dim=1)
-        keep = max(k.shape[1] - (self.window - 1), 0)
-        self.k[layer], self.v[layer] = k[:, keep:], v[:, keep:]
-        return attention(q, k, v, scale, past, self.window)
 
 
 class Transformer(LayerStack):
@@ -160,7 +142,7 @@ class Transformer(LayerStack):
         self.input_proj = nn.Linear(latent_dim, cfg.hidden_size) if latent_dim else None
         self.output_proj = nn.Linear(cfg.hidden_size, latent_dim) if latent_dim else None
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: SlidingKV) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """x: [B, T, H] (or latent_dim); positions: [B, T] frame indices."""
         if self.input_proj is not None:
             x = self.input_proj(x)
@@ -202,9 +184,6 @@ class Code2Wav(nn.Module):
         out = d >> len(cfg.upsample_rates)
         self.decoder = nn.ModuleList([CausalConv(h, d, 7), *blocks, SnakeBeta(out), CausalConv(out, 1, 7)])
 
-    def new_cache(self) -> SlidingKV:
-        return SlidingKV(self.cfg.num_hidden_layers, self.cfg.sliding_window)
-
     def embed(self, codes: torch.Tensor) -> torch.Tensor:
         return self.code_embedding(codes)
 
@@ -218,7 +197,8 @@ class Code2Wav(nn.Module):
         """codes [B, Q, F] -> waveform [B, 1, F * samples_per_frame - holdback], in [-1, 1] if `clamp`."""
         b, _, f = codes.shape
         positions = torch.arange(f, device=codes.device).expand(b, f)
-        h = self.pre_transformer(self.embed(codes), positions, self.new_cache()).transpose(1, 2)
+        cache = DenseKVCache(self.cfg.num_hidden_layers, self.cfg.sliding_window)
+        h = self.pre_transformer(self.embed(codes), positions, cache).transpose(1, 2)
         for layer in self.conv_layers():
             h = layer(h)
         return h.clamp(-1, 1) if clamp else h

@@ -4,13 +4,13 @@ fixed-shape call, later ones in another), each turn's stream in a Code2WavSlots 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
 import torch
 
-from pipelines.graphs import BUCKETS, GraphRunner, Input
+from pipelines.graphs import GraphRunner, Input
+from pipelines.stage import StageConfig
 from pipelines.types import AudioChunk
 
 from .code2wav import Code2Wav
@@ -40,9 +40,7 @@ class Code2WavWork(Work):
         # [R, Q] codes decoded ahead of the turn's, their audio not played (a cloned voice's reference audio);
         # exact for a decoder of holdback 0 (Qwen3-TTS's): the first sample played is the turn's first frame's
         self.prefix = prefix
-        self.slot: int | None = None  # the stream's state in the decoder, from its first frame
-        self.pushed = 0  # frames decoded so far
-        self.close_slot: Callable[[int], None] = lambda slot: None
+        self.pushed = 0  # frames decoded so far; `slot`: the stream's state in the decoder, from its first frame
 
     def pending(self) -> int:
         t = self.turn
@@ -50,24 +48,17 @@ class Code2WavWork(Work):
             return 0
         return len(t.frames_out) or int(t.talker_done)
 
-    def release(self) -> None:
-        if self.slot is not None:
-            self.close_slot(self.slot)
-            self.slot = None
-
 
 class Code2WavStep:
-    def __init__(self, code2wav: Code2Wav, device: torch.device, dtype: torch.dtype, slots: int = 256,
-                 graphs: bool = False, buckets: tuple[int, ...] = BUCKETS) -> None:
-        self.device = device
-        self.streams = Code2WavSlots(code2wav, slots, device, dtype)
+    def __init__(self, code2wav: Code2Wav, sc: StageConfig, dtype: torch.dtype, slots: int = 256) -> None:
+        self.device = device = torch.device(sc.device)
+        self.streams = s = Code2WavSlots(code2wav, slots, device, dtype)
         q = code2wav.cfg.num_quantizers
-        inputs = {"slot": Input((), torch.long, self.streams.scratch), "codes": Input((q,), torch.long, 0)}
-        s = self.streams
+        inputs = {"slot": Input((), torch.long, s.scratch), "codes": Input((q,), torch.long, 0)}
         self.later = GraphRunner("code2wav", lambda b: {"pcm": s.step(b["slot"], b["codes"])}, inputs, device,
-                                 buckets, graphs)
+                                 sc.buckets, sc.graphs)
         self.first = GraphRunner("code2wav_first", lambda b: {"pcm": s.step(b["slot"], b["codes"], first=True)},
-                                 inputs, device, buckets, graphs)
+                                 inputs, device, sc.buckets, sc.graphs)
 
     @property
     def slots_in_use(self) -> int:
@@ -82,7 +73,7 @@ class Code2WavStep:
                 if not self.streams.free_slots:
                     w.fail("server_busy", f"all {self.streams.scratch} Code2Wav streams are in use")
                     continue
-                w.slot, w.close_slot = self.streams.open(), self.streams.close
+                w.slot, w.free_slot = self.streams.open(), self.streams.close
                 if w.prefix is not None:
                     self.streams.push(w.slot, w.prefix.T[None].to(self.device))
         works = [w for w in works if not w.turn.finished]

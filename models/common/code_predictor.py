@@ -55,9 +55,6 @@ class CodePredictor(nn.Module):
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
         return self.model(embeds, positions, cache)
 
-    def logits(self, hidden: torch.Tensor, step: int) -> torch.Tensor:
-        return self.lm_head[step](hidden)
-
     def embed(self, ids: torch.Tensor, step: int) -> torch.Tensor:
         return self.model.codec_embedding[step](ids)
 
@@ -70,7 +67,7 @@ class CodePredictor(nn.Module):
         positions = torch.arange(2, device=dev).expand(b, 2)
         codes, logits, embed_sum = [], [], torch.zeros_like(code0_embed)
         for step in range(self.num_steps):
-            step_logits = self.logits(self.forward(x, positions, cache)[:, -1], step)
+            step_logits = self.lm_head[step](self.forward(x, positions, cache)[:, -1])
             ids = sample(step_logits, step)
             emb = self.embed(ids, step)
             codes.append(ids)

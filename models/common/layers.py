@@ -84,9 +84,11 @@ class KVCache(Protocol):
 
 
 class DenseKVCache:
-    """Contiguous per-layer cache for a batch whose rows share one length (tests, one stream)."""
+    """Contiguous per-layer cache for a batch whose rows share one length (tests, one stream). With a sliding
+    `window`, per layer only the last window - 1 keys, all a later query can see."""
 
-    def __init__(self, num_layers: int) -> None:
+    def __init__(self, num_layers: int, window: int | None = None) -> None:
+        self.window = window
         self.k: list[torch.Tensor | None] = [None] * num_layers
         self.v: list[torch.Tensor | None] = [None] * num_layers
 
@@ -99,8 +101,9 @@ class DenseKVCache:
         if past:
             k = torch.cat((self.k[layer], k), dim=1)
             v = torch.cat((self.v[layer], v), dim=1)
-        self.k[layer], self.v[layer] = k, v
-        return attention(q, k, v, scale, past)
+        keep = 0 if self.window is None else max(k.shape[1] - (self.window - 1), 0)
+        self.k[layer], self.v[layer] = k[:, keep:], v[:, keep:]
+        return attention(q, k, v, scale, past, self.window)
 
 
 class SelfAttention(nn.Module):

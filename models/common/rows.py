@@ -6,8 +6,6 @@ import torch
 
 
 class Rows:
-    """A growing [N, H] tensor kept as chunks; `tail(start)` returns rows start..N-1."""
-
     def __init__(self) -> None:
         self.chunks: list[torch.Tensor] = []
         self.n = 0

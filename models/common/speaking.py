@@ -93,9 +93,7 @@ class FrameWork(Work):
         self.kv = kv
         self.inputs = Rows()
         self.next_embed: torch.Tensor | None = None  # codec part of the next input, once a frame is made
-        self.steps = 0  # decode inputs appended
-        self.slot: int | None = None  # row of the stage's repetition-penalty state, from the first step
-        self.free_slot: Callable[[int], None] = lambda slot: None
+        self.steps = 0  # decode inputs appended; `slot`: its row of the stage's repetition-penalty state
 
     def paces(self, written: int) -> bool:
         """Whether a writer with `written` reply tokens waits for this stream: it is TEXT_LEAD ahead of what this
@@ -103,8 +101,3 @@ class FrameWork(Work):
         t = self.turn
         read = self.steps + 1 if self.inputs.n else 0
         return written - read >= TEXT_LEAD and t.speaking and not (t.talker_done or t.finished)
-
-    def release(self) -> None:
-        if self.slot is not None:
-            self.free_slot(self.slot)
-            self.slot = None

@@ -84,8 +84,6 @@ class TurnState(SpeakingState):
         return self.thinker_done
 
     def urgency(self) -> float:
-        """Seconds of audio the listener still has buffered; before the first audio, minus the time the
-        listener has been waiting for it."""
         if not self.speaking or self.options.background or self.held:
             return float("inf")
         return self.audio_urgency()

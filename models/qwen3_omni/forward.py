@@ -44,7 +44,8 @@ class ThinkerDecode:
         """The token sampled from the thinker's last hidden states [B, H] (rows as `b`'s)."""
         thinker, talker = self.model.thinker, self.model.talker
         logits = thinker.logits(hidden)[:, : self.vocab]
-        suppress = b["no_eos"][:, None] & self._eos(logits.shape[-1], logits.device)
+        eos = torch.arange(logits.shape[-1], device=logits.device)[None, :] == self.model.cfg.im_end_token_id
+        suppress = b["no_eos"][:, None] & eos
         sampler = static_sampler(b, "s")
         sampler.all_greedy = self.greedy
         ids = sampler(logits, b["step"], suppress=suppress)
@@ -53,9 +54,6 @@ class ThinkerDecode:
         if talker is not None:  # a thinker-only model has no talker to feed
             out["projected"] = talker.project_text(embeds)
         return out
-
-    def _eos(self, vocab: int, device: torch.device) -> torch.Tensor:
-        return torch.arange(vocab, device=device)[None, :] == self.model.cfg.im_end_token_id
 
 
 @dataclass

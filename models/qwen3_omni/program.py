@@ -58,8 +58,7 @@ class Qwen3OmniProgram(StagedProgram):
             }
             if model.talker is not None:
                 self.steps["talker"] = TalkerStep(model, self.dtype, caches["talker"], sc("talker"))
-                self.steps["code2wav"] = Code2WavStep(model.code2wav, self.device, self.dtype,
-                                                      graphs=sc("code2wav").graphs, buckets=sc("code2wav").buckets)
+                self.steps["code2wav"] = Code2WavStep(model.code2wav, sc("code2wav"), self.dtype)
         stages = [Stage(sc(n), self.steps[n], caches.get(n)) for n in cfg.stage_names(model.talker is not None)]
         spec = omni_spec(model.cfg, cfg.model)
         if voice is not None:

@@ -7,9 +7,10 @@ routes keys: `thinker_*` to the thinker, `talker_*` to the talker (plain keys re
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
+from models.common.work import GREEDY, settle
 from pipelines.sampling import SamplingParams
 from pipelines.spec import ModelSpec
 from pipelines.types import GenerationOptions
@@ -18,7 +19,6 @@ from .config import OmniConfig
 
 INPUT_RATE = 16000  # the audio encoder's log-mel front end reads 16 kHz
 OUTPUT_RATE = 24000  # Code2Wav's samples per second
-GREEDY = SamplingParams(greedy=True)
 DEFAULTS = {
     "thinker": GREEDY,
     "talker": SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.05),
@@ -65,9 +65,8 @@ def omni_spec(cfg: OmniConfig, model: str) -> ModelSpec:
 
 @dataclass(frozen=True)
 class TurnSettings:
-    """What the stages read of a turn: its options with every stage's sampling resolved (the request's,
-    else the model's defaults) and its voice resolved to a speaker. Greedy: argmax everywhere, the talker
-    keeping its repetition penalty (and suppressed ids) as the reference's greedy does."""
+    """What the stages read of a turn: its options with every stage's sampling resolved (the request's, else the
+    model's defaults; models/common/work.settle) and its voice resolved to a speaker."""
 
     audio: bool
     speaker: str
@@ -89,11 +88,7 @@ class TurnSettings:
         if (opts.reference_audio is not None or opts.reference_text) and not spec.clones:
             raise ValueError("this model cannot clone a voice from reference audio")
         speaker = spec.voice(opts.voice) if spec.speaks else ""
-        get = {n: opts.sampling_for(n, spec.sampling.get(n, DEFAULTS[n])) for n in DEFAULTS}
-        if opts.greedy:
-            get = {"thinker": GREEDY, "predictor": GREEDY,
-                   "talker": SamplingParams(greedy=True, repetition_penalty=get["talker"].repetition_penalty)}
-        get = {n: replace(p, seed=opts.seed) if opts.seed and not p.seed else p for n, p in get.items()}
+        get = settle({n: opts.sampling.get(n, spec.sampling.get(n, DEFAULTS[n])) for n in DEFAULTS}, opts)
         return cls(opts.audio, speaker, get["thinker"], get["talker"], get["predictor"], opts.greedy,
                    opts.max_text_tokens, opts.max_frames, opts.ignore_eos, opts.background, opts.tools,
                    opts.tool_choice)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.common.code_predictor import CodePredictor, Sampler, greedy
+from models.common.code_predictor import CodePredictor
 from models.common.config import ConfigError, TextConfig
-from models.common.frame import CodecFrame, next_frame
-from models.common.layers import KVCache, LayerStack, ResizeMLP, RMSNorm, Rope, text_layer
+from models.common.frame import FrameTalker
+from models.common.layers import LayerStack, ResizeMLP, RMSNorm, Rope, text_layer
 from models.qwen3_omni.config import TalkerConfig
 
 
@@ -27,7 +27,7 @@ class TalkerModel(LayerStack):
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
 
 
-class Talker(nn.Module):
+class Talker(FrameTalker):
     def __init__(self, cfg: TalkerConfig) -> None:
         super().__init__()
         text = cfg.text
@@ -40,14 +40,6 @@ class Talker(nn.Module):
         self.hidden_projection = ResizeMLP(cfg.thinker_hidden_size, text.intermediate_size, text.hidden_size)
         self.code_predictor = CodePredictor(cfg.code_predictor)
 
-    def forward(self, input_embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        """input_embeds [B, T, H]; positions [B, T] or [3, B, T] -> the final normed hidden states [B, T, H]."""
-        return self.model(input_embeds, positions, cache)
-
-    def codec_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits over codebook 0 (and the codec's control ids)."""
-        return self.codec_head(hidden)
-
     def project_text(self, thinker_embeds: torch.Tensor) -> torch.Tensor:
         """Thinker token embeddings [..., H_thinker] -> talker inputs [..., H]."""
         return self.text_projection(thinker_embeds)
@@ -55,14 +47,3 @@ class Talker(nn.Module):
     def project_hidden(self, thinker_hidden: torch.Tensor) -> torch.Tensor:
         """Thinker hidden states (output of layer accept_hidden_layer - 1) -> talker inputs."""
         return self.hidden_projection(thinker_hidden)
-
-    def embed_codec(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model.codec_embedding(ids)
-
-    @property
-    def hidden_size(self) -> int:
-        return self.cfg.text.hidden_size
-
-    def next_frame(self, hidden: torch.Tensor, code0: torch.Tensor, sample: Sampler = greedy) -> CodecFrame:
-        """The full frame for codebook-0 code `code0` [B], chosen from the hidden state [B, H] (frame.py)."""
-        return next_frame(self, hidden, code0, sample)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from models.common.frame import codec_suppress
 from models.common.frame_stage import FrameStage
 from pipelines.kv_cache import PagedKVCache
 from pipelines.stage import StageConfig
@@ -13,18 +14,12 @@ from .conversation import TurnState
 from .model import Qwen3Omni
 from .talker_prompt import assistant_prefix
 
-CONTROL_IDS = 1024  # the codec vocabulary's last ids are control ids, never sampled (except codec_eos)
-
 
 class TalkerStep(FrameStage):
     def __init__(self, model: Qwen3Omni, dtype: torch.dtype, kv: PagedKVCache, sc: StageConfig,
                  slots: int = 1024) -> None:
-        t = model.cfg.talker
-        vocab = t.text.vocab_size
-        suppress = torch.zeros(vocab, dtype=torch.bool)
-        suppress[vocab - CONTROL_IDS :] = True
-        suppress[t.codec_eos_id] = False
-        super().__init__(model.talker, dtype, kv, sc, t.codec_eos_id, suppress, slots)
+        eos = model.cfg.talker.codec_eos_id
+        super().__init__(model.talker, dtype, kv, sc, eos, codec_suppress(model.cfg.talker.text.vocab_size, eos), slots)
         self.model = model
 
     def prompt(self, turn: TurnState) -> torch.Tensor:

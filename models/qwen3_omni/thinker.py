@@ -47,8 +47,6 @@ class TextModel(nn.Module):
 
 
 class ThinkerText(nn.Module):
-    """The thinker's language model: `model` (TextModel) and `lm_head`."""
-
     def __init__(self, cfg: TextConfig) -> None:
         super().__init__()
         self.model = TextModel(cfg)

@@ -49,10 +49,9 @@ def qwen_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
     fields = tool["function"] if isinstance(tool.get("function"), Mapping) else tool
     if not isinstance(fields.get("name"), str) or not fields["name"]:
         raise ValueError(f"a function tool needs a non-empty name, got {tool!r}")
-    if fields is not tool:
-        return {"type": "function", "function": dict(fields)}
-    fields = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
-    return {"type": "function", "function": fields}
+    if fields is tool:
+        fields = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+    return {"type": "function", "function": dict(fields)}
 
 
 def chosen_functions(tools: Tools, tool_choice: str | Mapping) -> list[dict[str, Any]]:

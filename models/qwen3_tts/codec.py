@@ -48,10 +48,8 @@ class CodecDecoderConfig(Code2WavConfig):
         d = {**DECODER_DEFAULTS, **{k: v for k, v in d.items() if v is not None}}
         if "codebook_dim" not in d:
             raise ConfigError("required key 'codebook_dim' is missing from speech_tokenizer/config.json")
-        base = Code2WavConfig.from_hf(d)
-        fields = {n: getattr(base, n) for n in Code2WavConfig.__dataclass_fields__}
-        return cls(**fields, latent_dim=int(d["latent_dim"]), codebook_dim=int(d["codebook_dim"]),
-                   head_size=int(d.get("head_dim") or 0))
+        return cls(**vars(Code2WavConfig.from_hf(d)), latent_dim=int(d["latent_dim"]),
+                   codebook_dim=int(d["codebook_dim"]), head_size=int(d.get("head_dim") or 0))
 
 
 @dataclass(frozen=True)

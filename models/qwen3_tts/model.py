@@ -34,6 +34,18 @@ class Qwen3Tts(nn.Module):
         self.code2wav = code2wav
         self.speech_tokenizer: SpeechTokenizer | None = None  # Base from a checkpoint: encodes reference audio
 
+    def speaker_row(self, reference_audio: torch.Tensor | None, speaker: str) -> torch.Tensor | None:
+        """The prompt's speaker row [H]: Base's x-vector of the reference audio, a named speaker's codec row, or
+        None (the caller's settings were resolved: only Base takes reference audio)."""
+        if reference_audio is not None:
+            if reference_audio.numel() < 2 * 1024 or not bool(torch.isfinite(reference_audio).all()):
+                raise ValueError("reference audio must be finite and longer than 0.1 s")
+            return self.speaker_encoder.embed(reference_audio.clamp(-1, 1))
+        if not speaker:
+            return None
+        ids = torch.tensor(self.cfg.talker.speaker_id(speaker), device=self.talker.codec_head.weight.device)
+        return self.talker.embed_codec(ids)
+
 
 def load_model(model: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                seed: int = 0) -> Qwen3Tts:

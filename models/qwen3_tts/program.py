@@ -67,30 +67,33 @@ class TtsPipelineConfig:
         return KVLayout(t.num_hidden_layers, t.num_key_value_heads, t.head_dim, blocks, sc.block_size, dtype,
                         self.device)
 
+    def stages(self, model: Qwen3Tts) -> list[Stage]:
+        """The talker stage, over its own paged KV cache, and the Code2Wav stage."""
+        dtype = getattr(torch, self.dtype)
+        kv = PagedKVCache(self.kv_layout(model))
+        with torch.inference_mode():
+            talker = TalkerStep(model.talker, model.cfg, dtype, kv, self.talker)
+            code2wav = Code2WavStep(model.code2wav, self.code2wav, dtype)
+        return [Stage(self.talker, talker, kv), Stage(self.code2wav, code2wav, None)]
+
 
 class Qwen3TtsProgram(StagedProgram):
     def __init__(self, model: Qwen3Tts, tokenizer: Tokenizer, gen: Generation, cfg: TtsPipelineConfig) -> None:
         if model.code2wav is None:
             raise ValueError("Qwen3-TTS needs its speech tokenizer's decoder to speak")
         self.model, self.tokenizer, self.gen, self.cfg = model, tokenizer, gen, cfg
-        self.device, self.dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
-        kv = PagedKVCache(cfg.kv_layout(model))
-        with torch.inference_mode():
-            self.talker = TalkerStep(model.talker, model.cfg, self.dtype, kv, cfg.talker)
-            self.code2wav = Code2WavStep(model.code2wav, self.device, self.dtype, graphs=cfg.code2wav.graphs,
-                                         buckets=cfg.code2wav.buckets)
-        tiny = cfg.model if cfg.model in PRESETS else ""
-        super().__init__(tts_spec(model.cfg, gen, tiny),
-                         [Stage(cfg.talker, self.talker, kv), Stage(cfg.code2wav, self.code2wav, None)],
+        stages = cfg.stages(model)
+        super().__init__(tts_spec(model.cfg, gen, cfg.model if cfg.model in PRESETS else ""), stages,
                          session_stage="talker")
-        self.max_context = kv.layout.num_blocks * kv.layout.block_size
+        layout = stages[0].kv.layout
+        self.max_context = layout.num_blocks * layout.block_size
         self.capture_s = self.capture()
 
     def new_session(self, session_id: str) -> Session:
         return Session(session_id)
 
     def extra_counters(self) -> dict:
-        return {"stream_slots": {"talker": self.talker.slots_in_use, "code2wav": self.code2wav.slots_in_use}}
+        return {"stream_slots": {s.name: s.runner.model.slots_in_use for s in self.stages}}
 
     def prepare(self, session: Session, turn: Turn, emit: Emit) -> tuple[TurnState, list]:
         opts = TurnSettings.resolve(turn.options, self.spec, self.model.cfg, self.gen)
@@ -99,18 +102,10 @@ class Qwen3TtsProgram(StagedProgram):
         if len(ref_text) > MAX_TEXT_CHARS:
             raise ContextTooLong(f"the reference text is over {MAX_TEXT_CHARS} characters")
         ids = TextIds.of(self.tokenizer, text, opts.instructions, ref_text)
-        cfg = self.model.cfg
-        speaker = reference = None
-        if turn.options.reference_audio is not None:  # Base: the reference's x-vector (spec.py checked it)
-            wave = turn.options.reference_audio
-            if wave.numel() < 2 * 1024 or not bool(torch.isfinite(wave).all()):
-                raise ValueError("reference audio must be finite and longer than 0.1 s")
-            speaker = self.model.speaker_encoder.embed(wave.clamp(-1, 1))
-            if ref_text:  # in context: the reference audio's codes lead the prompt and the decoder
-                reference = self.model.speech_tokenizer.encode(wave.clamp(-1, 1), self.spec.output_rate)
-        elif opts.speaker:
-            speaker_id = torch.tensor(cfg.talker.speaker_id(opts.speaker), device=self.device)
-            speaker = self.model.talker.embed_codec(speaker_id)
+        cfg, wave = self.model.cfg, turn.options.reference_audio
+        speaker, reference = self.model.speaker_row(wave, opts.speaker), None
+        if ref_text:  # in context (Base, with its audio): the reference audio's codes lead the prompt and decoder
+            reference = self.model.speech_tokenizer.encode(wave.clamp(-1, 1), self.spec.output_rate)
         prompt = build_prompt(self.model.talker, cfg, ids, cfg.talker.language_id(opts.language, opts.speaker),
                               speaker, streamed=cfg.model_type == "base", reference=reference)
         if (total := prompt.embeds.shape[0] + opts.max_frames) > self.max_context:
@@ -152,9 +147,15 @@ def build(model: str, device: str = "cpu", dtype: str | None = None, graphs: boo
           kv_memory_gib: float | None = None, quantization: str | None = None, **stage_overrides: dict) -> Pipeline:
     """The registry's entry point: `model` ('tiny-tts' or a checkpoint directory) on `device`'s defaults."""
     cfg = TtsPipelineConfig.on(model, device, dtype, graphs, kv_memory_gib, **stage_overrides)
-    net = load_model(model, device, getattr(torch, cfg.dtype))
+    net, tokenizer, gen = load(model, cfg)
     if quantization:
         fp8_experts_(net)
+    return Pipeline(Qwen3TtsProgram(net, tokenizer, gen, cfg))
+
+
+def load(model: str, cfg: TtsPipelineConfig) -> tuple[Qwen3Tts, Tokenizer, Generation]:
+    """`model` (the preset or a checkpoint directory) on `cfg`'s device, its tokenizer and generation defaults."""
+    net = load_model(model, cfg.device, getattr(torch, cfg.dtype))
     preset = model in PRESETS
     tokenizer = Tokenizer.builtin() if preset else Tokenizer.load(model)
-    return Pipeline(Qwen3TtsProgram(net, tokenizer, Generation.read(tiny_generation() if preset else model), cfg))
+    return net, tokenizer, Generation.read(tiny_generation() if preset else model)

@@ -1,9 +1,9 @@
 """What a Qwen3-TTS checkpoint declares, and a turn's settings resolved against it. Defaults (DEFAULTS) are
 the reference's (qwen-tts 0.1.1), each overridden by generation_config.json (`subtalker_*`: the code
 predictor's). The text reaches the talker whole for CustomVoice and VoiceDesign, streamed for Base, as the
-reference's generate_* default. Greedy is argmax in both stages, the talker's repetition penalty kept.
-Base clones the voice of 24 kHz mono reference audio: from its x-vector alone, or with its transcript in
-context too (the reference audio's codes in the prompt, and ahead of the reply's codes in the decoder).
+reference's generate_* default. Base clones the voice of 24 kHz mono reference audio: from its x-vector
+alone, or with its transcript in context too (the reference audio's codes in the prompt, and ahead of the
+reply's codes in the decoder).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.common.work import GREEDY
+from models.common.work import settle
 from pipelines.sampling import SamplingParams
 from pipelines.spec import ModelSpec
 from pipelines.types import GenerationOptions
@@ -105,13 +105,8 @@ class TurnSettings:
             raise ValueError(f"unknown language {opts.language!r} (this model has: {', '.join(spec.languages)})")
         if opts.instructions and not spec.instructions:
             raise ValueError("this model takes no instructions")
-        talker = opts.sampling_for("talker", gen.talker)
-        predictor = opts.sampling_for("predictor", gen.predictor)
-        if opts.greedy:
-            talker, predictor = SamplingParams(greedy=True, repetition_penalty=talker.repetition_penalty), GREEDY
-        if opts.seed:
-            talker = SamplingParams(**{**talker.__dict__, "seed": talker.seed or opts.seed})
-            predictor = SamplingParams(**{**predictor.__dict__, "seed": predictor.seed or opts.seed})
+        s = settle({n: opts.sampling.get(n, getattr(gen, n)) for n in ("talker", "predictor")}, opts)
         # the reference makes max_new_tokens - 1 frames when no EOS comes (the last token's frame is never made)
         frames = min(opts.max_frames, max(1, gen.max_new_tokens - 1))
-        return cls(speaker, language, opts.instructions, talker, predictor, frames, opts.ignore_eos, opts.background)
+        return cls(speaker, language, opts.instructions, s["talker"], s["predictor"], frames, opts.ignore_eos,
+                   opts.background)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from models.common.frame import codec_suppress
 from models.common.frame_stage import FrameStage
 from models.common.speaking import FrameWork
 from pipelines.kv_cache import PagedKVCache
@@ -15,7 +16,6 @@ from .config import TtsConfig
 from .state import TurnState
 from .talker import Talker
 
-CONTROL_IDS = 1024  # the codec vocabulary's last ids are control ids, never sampled (except codec_eos)
 MIN_FRAMES = 2  # the reference's min_new_tokens: no EOS before the third token
 
 
@@ -35,15 +35,8 @@ class TalkerWork(FrameWork):
         return self.inputs.n - self.kv.length(self.key)
 
 
-def suppressed(cfg: TtsConfig) -> torch.Tensor:
-    vocab = cfg.talker.text.vocab_size
-    mask = torch.zeros(vocab, dtype=torch.bool)
-    mask[vocab - CONTROL_IDS:] = True
-    mask[cfg.talker.codec_eos_id] = False
-    return mask
-
-
 class TalkerStep(FrameStage):
     def __init__(self, talker: Talker, cfg: TtsConfig, dtype: torch.dtype, kv: PagedKVCache, sc: StageConfig,
                  slots: int = 1024) -> None:
-        super().__init__(talker, dtype, kv, sc, cfg.talker.codec_eos_id, suppressed(cfg), slots, MIN_FRAMES)
+        eos = cfg.talker.codec_eos_id
+        super().__init__(talker, dtype, kv, sc, eos, codec_suppress(cfg.talker.text.vocab_size, eos), slots, MIN_FRAMES)

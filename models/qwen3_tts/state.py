@@ -38,7 +38,6 @@ class TurnState(SpeakingState):
     rate: int
 
     def urgency(self) -> float:
-        """Seconds of audio the listener still has buffered; before the first audio, minus the wait."""
         return float("inf") if self.options.background else self.audio_urgency()
 
     def on_frame(self, codes: list[int], row: torch.Tensor, embed_sum: torch.Tensor, eos: int) -> torch.Tensor | None:

@@ -11,6 +11,7 @@ from torch import nn
 
 from models.common.code_predictor import CodePredictor
 from models.common.config import CodePredictorConfig
+from models.common.frame import FrameTalker
 from models.common.layers import KVCache, LayerStack, ResizeMLP, RMSNorm, Rope, text_layer
 
 from .config import TalkerConfig
@@ -39,7 +40,7 @@ class TalkerModel(LayerStack):
         self.rope = Rope(t.head_dim, t.rope_theta)
 
 
-class Talker(nn.Module):
+class Talker(FrameTalker):
     def __init__(self, cfg: TalkerConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -48,19 +49,6 @@ class Talker(nn.Module):
         self.text_projection = ResizeMLP(cfg.text_hidden_size, cfg.text_hidden_size, h)
         self.codec_head = nn.Linear(h, cfg.text.vocab_size, bias=False)
         self.code_predictor = TtsCodePredictor(cfg.code_predictor, h)
-
-    @property
-    def hidden_size(self) -> int:
-        return self.cfg.text.hidden_size
-
-    def forward(self, input_embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        return self.model(input_embeds, positions, cache)
-
-    def codec_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.codec_head(hidden)
-
-    def embed_codec(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model.codec_embedding(ids)
 
     def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
         """Text token ids [...] -> their projected rows in the talker's width [..., H]."""

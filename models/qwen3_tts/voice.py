@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from models.common.code2wav_step import Code2WavStep, Code2WavWork
+from models.common.code2wav_step import Code2WavWork
 from models.common.speaking import FrameWork
 from models.common.tokenizer import Tokenizer
 from pipelines.kv_cache import PagedKVCache
@@ -18,12 +18,10 @@ from pipelines.stage import Stage
 from pipelines.types import GenerationOptions
 from pipelines.voice import Reply
 
-from .model import Qwen3Tts, load_model
-from .program import TtsPipelineConfig
+from .model import Qwen3Tts
+from .program import TtsPipelineConfig, load
 from .prompt import TextIds, build_prompt
 from .spec import Generation, TurnSettings, tts_spec
-from .stages import TalkerStep
-from .tiny import PRESETS, tiny_generation
 
 ROLE_TEXT, TAIL_TEXT = "<|im_start|>assistant\n", "<|im_end|>\n<|im_start|>assistant\n"
 
@@ -31,15 +29,10 @@ ROLE_TEXT, TAIL_TEXT = "<|im_start|>assistant\n", "<|im_end|>\n<|im_start|>assis
 class TtsVoice:
     def __init__(self, model: Qwen3Tts, tokenizer: Tokenizer, gen: Generation, cfg: TtsPipelineConfig) -> None:
         self.model, self.tokenizer, self.gen = model, tokenizer, gen
-        device, dtype = torch.device(cfg.device), getattr(torch, cfg.dtype)
-        kv = PagedKVCache(cfg.kv_layout(model))
+        self.stages = cfg.stages(model)
         with torch.inference_mode():
-            talker = TalkerStep(model.talker, model.cfg, dtype, kv, cfg.talker)
-            code2wav = Code2WavStep(model.code2wav, device, dtype, graphs=cfg.code2wav.graphs,
-                                    buckets=cfg.code2wav.buckets)
-            ids = torch.tensor([model.cfg.tts_eos_token_id, model.cfg.tts_pad_token_id], device=device)
+            ids = torch.tensor([model.cfg.tts_eos_token_id, model.cfg.tts_pad_token_id], device=cfg.device)
             self.eos, self.pad = model.talker.embed_text(ids)
-        self.stages = [Stage(cfg.talker, talker, kv), Stage(cfg.code2wav, code2wav, None)]
         self.spec = tts_spec(model.cfg, gen)
         self.holdback = model.code2wav.holdback
         self.role, self.tail = tokenizer.encode(ROLE_TEXT), tokenizer.encode(TAIL_TEXT)
@@ -56,16 +49,9 @@ class TtsVoice:
     def works(self, reply: Reply, options: GenerationOptions) -> list[tuple[Stage, object]]:
         # a conversation's instructions are the writer's system prompt, not a speaking style
         s = TurnSettings.resolve(replace(options, instructions=""), self.spec, self.model.cfg, self.gen)
-        cfg, talker = self.model.cfg, self.model.talker
-        speaker = None
-        if options.reference_audio is not None:  # Base: the reference's x-vector (resolve checked it clones)
-            wave = options.reference_audio
-            if wave.numel() < 2 * 1024 or not bool(torch.isfinite(wave).all()):
-                raise ValueError("reference audio must be finite and longer than 0.1 s")
-            speaker = self.model.speaker_encoder.embed(wave.clamp(-1, 1))
-        elif s.speaker:
-            speaker = talker.embed_codec(torch.tensor(cfg.talker.speaker_id(s.speaker), device=self.eos.device))
-        work = VoiceWork(reply, self.stages[0].kv, self, speaker, cfg.talker.language_id(s.language, s.speaker))
+        speaker = self.model.speaker_row(options.reference_audio, s.speaker)
+        language = self.model.cfg.talker.language_id(s.language, s.speaker)
+        work = VoiceWork(reply, self.stages[0].kv, self, speaker, language)
         return [(self.stages[0], work), (self.stages[1], Code2WavWork(reply))]
 
 
@@ -117,7 +103,4 @@ def build_voice(model: str, device: str = "cpu", dtype: str | None = None, graph
     """The registry's voice entry point: `model` ('tiny-tts' or a checkpoint directory), its talker cache the
     stage's fixed size (the writer's caches take the memory left once both models are loaded)."""
     cfg = TtsPipelineConfig.on(model, device, dtype, graphs, talker={"kv_blocks": 1024})
-    net = load_model(model, device, getattr(torch, cfg.dtype))
-    preset = model in PRESETS
-    tokenizer = Tokenizer.builtin() if preset else Tokenizer.load(model)
-    return TtsVoice(net, tokenizer, Generation.read(tiny_generation() if preset else model), cfg)
+    return TtsVoice(*load(model, cfg), cfg)
