@@ -96,7 +96,7 @@ class Responding:
                             AudioFormat.from_config(cfg["audio"]["output"]["format"]),
                             voice, limit, spec.get("metadata"), turn_id=turn.turn_id,
                             started=self.committed_at or time.perf_counter(), rate=self.pipeline.spec.output_rate)
-        response.on_audio_start = self.metrics.first_audio
+        response.on_audio_start = self.metrics.ttfa.observe
         response.speed = float(cfg["audio"]["output"]["speed"])
         response.on_cap = lambda: self.pipeline.abort(response.turn_id)
         self.committed_at = None
@@ -163,7 +163,7 @@ class Responding:
             else:
                 self.sent.extend(i.id for i in response.items)
             if response.audio_samples:
-                self.metrics.rtf((time.perf_counter() - start) / (response.audio_samples / response.rate))
+                self.metrics.rtf.observe((time.perf_counter() - start) / (response.audio_samples / response.rate))
             logs.response_done(self.config["id"], response)
             ended = "cancelled" if response.status == "in_progress" else response.status  # cut off with the socket
             self.metrics.response_done(ended, response.error)

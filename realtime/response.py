@@ -21,13 +21,12 @@ from .audio import AudioFormat, OutputEncoder, TimeStretch
 from .items import Conversation, Item
 from .protocol import new_id
 
-Send = Callable[[dict], None]
 REQUEST_CODES = ("invalid_request", "context_too_long")  # pipeline error codes the request caused
 
 
 @dataclass
 class Response:
-    send: Send
+    send: Callable[[dict], None]
     conversation: Conversation | None  # None: out of band (conversation "none")
     modality: str  # "audio" or "text"
     output_format: AudioFormat

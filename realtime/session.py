@@ -124,13 +124,12 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
                 raise ProtocolError("invalid_value", f"Invalid value: '{clip(event['type'])}'. Not a client event "
                                     "type.", "type")
             await handler(self, event)
-        except ProtocolError as e:
-            self.metrics.error(e.code)
-            self.send(e.event(event_id))
-        except Exception:
-            log.exception("session %s: a client event failed", self.config.get("id"))
-            self.metrics.error(SERVER_ERROR.code)
-            self.send(SERVER_ERROR.event(event_id))
+        except Exception as e:
+            if not isinstance(e, ProtocolError):
+                log.exception("session %s: a client event failed", self.config.get("id"))
+            error = e if isinstance(e, ProtocolError) else SERVER_ERROR
+            self.metrics.errors.labels(code=error.code).inc()
+            self.send(error.event(event_id))
 
     async def _off(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
