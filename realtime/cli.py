@@ -23,7 +23,6 @@ from .cli_checks import (
     check_out,
     check_positive,
     check_speaking,
-    check_voice,
     default_device,
     read_audio,
 )
@@ -161,9 +160,7 @@ def generate(args: argparse.Namespace) -> int:
 
     if not args.audio and not args.text:
         raise UsageError("give --audio, --text or both")
-    declared = check_before_loading(args)
-    check_voice(declared, args.voice)
-    check_speaking(declared, args.language, args.instructions, args.reference_audio, args.reference_text)
+    check_speaking(check_before_loading(args), args)
     if args.out:
         check_out(args.out)
     messages = [Message("system", args.system)] if args.system else []

@@ -17,7 +17,7 @@ import numpy as np
 from pipelines.spec import ModelSpec
 
 from .audio import AudioFormat
-from .vad import VadConfig
+from .vad import SEMANTIC_VAD_DEFAULTS, SERVER_VAD_DEFAULTS, VadConfig
 
 _counter = itertools.count(1)
 
@@ -118,14 +118,6 @@ def client_event_id(event: dict) -> str | None:
     return clip(value) if isinstance(value, str) else None
 
 
-SERVER_VAD_DEFAULTS = {
-    "type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500,
-    "idle_timeout_ms": None, "create_response": True, "interrupt_response": True,
-}
-SEMANTIC_VAD_DEFAULTS = {"type": "semantic_vad", "eagerness": "auto", "create_response": True,
-                         "interrupt_response": True}
-
-
 def default_session(model: str, spec: ModelSpec, session_id: str | None = None) -> dict:
     """A new session's config: spoken replies in the model's default voice if it speaks, else text."""
     return {
@@ -151,7 +143,6 @@ def default_transcription_session(session_id: str, audio_input: dict) -> dict:
 
 # The shape of what a client may set (SCHEMA): nested dicts are sections, anything else is a leaf validator.
 def _rule(message: str, ok: Callable[[Any], bool]) -> Callable[[Any], None]:
-    """A leaf validator: ValueError(`message`) for a value `ok` refuses."""
     def check(v: Any) -> None:
         if not ok(v):
             raise ValueError(message)

@@ -111,7 +111,6 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
         self._clear_buffer()
         self.pipeline.end_session(self.pipe_session)
 
-    # -- client events -----------------------------------------------------------------------------
     async def handle(self, raw: str | bytes) -> None:
         """One client frame. Whatever goes wrong becomes an error event; the session goes on."""
         event_id = None
@@ -141,7 +140,6 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
         self._reset_vad()
         self.send({"type": "session.updated", "session": self.config})
 
-    # -- input audio buffer and turn detection (VAD events, commits) -----------------------------
     async def append(self, event: dict) -> None:
         data = require(event, "audio")
         if len(data) > MAX_APPEND_BYTES * 4 // 3 + 4:
@@ -282,13 +280,11 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
         buffer, fmt = list(self.buffer), self.input_format
         return self._off(lambda: (to_model_rate(torch.cat(buffer), fmt, self.pipeline.spec.input_rate), None))
 
-    # -- input transcription, by the model itself, in the background -------------------------------------
     def _transcribe(self, item: Item) -> None:
         task = asyncio.create_task(transcribe(self.pipeline, self.send, item, self.limits.transcription_tokens))
         self.background.add(task)
         task.add_done_callback(self.background.discard)
 
-    # -- helpers -----------------------------------------------------------------------------------
     @property
     def transcribing(self) -> bool:
         """A transcription session: transcripts of each commit, never a response."""
