@@ -137,8 +137,7 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-frames", type=int, default=1500, help="stop the speech after M codec frames")
     gen.add_argument("--no-audio", action="store_true", help="text reply only (a model that does not speak always "
                      "replies in text)")
-    gen.add_argument("--out", help="write the reply's speech here (16-bit WAV at the "
-                     "model's output rate)")
+    gen.add_argument("--out", help="write the reply's speech here (16-bit WAV at the model's output rate)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with ids, codes and timings")
     return ap
 

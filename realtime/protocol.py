@@ -133,14 +133,6 @@ def default_session(model: str, spec: ModelSpec, session_id: str | None = None) 
     }
 
 
-def default_transcription_session(session_id: str, audio_input: dict) -> dict:
-    """GA's transcription session (audio in, turn detection, transcripts out, never a response);
-    `audio_input`: the input config carried over from the session it replaces."""
-    return {"type": "transcription", "object": "realtime.transcription_session", "id": session_id,
-            "audio": {"input": {**copy.deepcopy(audio_input), "transcription": {"model": None}}},
-            "include": None}
-
-
 # The shape of what a client may set (SCHEMA): nested dicts are sections, anything else is a leaf validator.
 def _rule(message: str, ok: Callable[[Any], bool]) -> Callable[[Any], None]:
     def check(v: Any) -> None:
@@ -259,8 +251,10 @@ def update_session(current: dict, update: Any, model: str, spec: ModelSpec) -> d
     base = current
     if kind != current["type"]:
         audio_input = {k: v for k, v in current["audio"]["input"].items() if k != "transcription"}
-        if kind == "transcription":
-            base = default_transcription_session(current["id"], audio_input)
+        if kind == "transcription":  # GA's transcription session: audio in, transcripts out, never a response
+            base = {"type": "transcription", "object": "realtime.transcription_session", "id": current["id"],
+                    "audio": {"input": {**copy.deepcopy(audio_input), "transcription": {"model": None}}},
+                    "include": None}
         else:
             base = default_session(model, spec, current["id"])
             base["audio"]["input"].update(copy.deepcopy(audio_input))

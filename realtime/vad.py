@@ -49,8 +49,7 @@ class VadConfig:
     min_speech_ms: int | None = None  # not in the protocol: voiced run needed to start speech (None: by mode)
 
     def __post_init__(self) -> None:
-        ints = ("prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms", "min_speech_ms")
-        for key in ints:
+        for key in ("prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms", "min_speech_ms"):
             v = getattr(self, key)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v > 3_600_000):
                 raise ValueError(f"{key} must be an integer number of ms (at most an hour), got {v!r}")
