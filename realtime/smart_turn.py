@@ -13,8 +13,6 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from models.common.mel import mel_filterbank
-
 MODEL_NAME = "smart-turn-v3.2-cpu.onnx"
 RATE = 16000
 WINDOW = 8 * RATE
@@ -26,7 +24,24 @@ def turn_model_path() -> Path:
     return Path(os.environ.get(ENV) or Path(sys.prefix) / "share" / "omni-realtime" / MODEL_NAME)
 
 
-_MELS = torch.from_numpy(mel_filterbank(RATE, _N_FFT, _N_MELS, RATE / 2).T.copy())
+def _mel_filters() -> torch.Tensor:
+    """Slaney-scale, area-normalised triangles: [N_MELS, N_FFT // 2 + 1]."""
+
+    def to_mel(f: np.ndarray) -> np.ndarray:
+        return np.where(f >= 1000, 15 + np.log(np.maximum(f, 1000) / 1000) * 27 / np.log(6.4), 3 * f / 200)
+
+    def to_hz(m: np.ndarray) -> np.ndarray:
+        return np.where(m >= 15, 1000 * np.exp(np.log(6.4) / 27 * (m - 15)), 200 * m / 3)
+
+    fft_hz = np.linspace(0, RATE // 2, _N_FFT // 2 + 1)
+    edges = to_hz(np.linspace(to_mel(np.array(0.0)), to_mel(np.array(RATE / 2)), _N_MELS + 2))
+    rise = (fft_hz[:, None] - edges[None, :-2]) / np.diff(edges)[:-1]
+    fall = (edges[None, 2:] - fft_hz[:, None]) / np.diff(edges)[1:]
+    tri = np.maximum(0, np.minimum(rise, fall)) * (2 / (edges[2:] - edges[:-2]))
+    return torch.from_numpy(tri.T.copy())
+
+
+_MELS = _mel_filters()
 _HANN = torch.hann_window(_N_FFT, periodic=True, dtype=torch.float64)
 
 
