@@ -82,11 +82,6 @@ def float_to_g711(x: torch.Tensor, law: Literal["ulaw", "alaw"]) -> bytes:
     return codes.cpu().numpy().tobytes()
 
 
-def _kaiser(x: torch.Tensor, half: int, beta: float) -> torch.Tensor:
-    inside = (1 - (x / half) ** 2).clamp(min=0).sqrt()
-    return torch.where(x.abs() <= half, torch.special.i0(beta * inside) / float(np.i0(beta)), 0.0)
-
-
 def _kernel_shape(orig: int, new: int) -> tuple[float, int]:
     cutoff = min(1.0, new / orig) * _ROLLOFF
     return cutoff, math.ceil(_ZEROS / cutoff)
@@ -97,7 +92,9 @@ def _sinc_kernel(orig: int, new: int, device: torch.device) -> tuple[torch.Tenso
     cutoff, half = _kernel_shape(orig, new)
     offsets = torch.arange(new, dtype=torch.float64)[:, None] * orig / new
     x = torch.arange(-half, half + orig, dtype=torch.float64)[None] - offsets
-    taps = cutoff * torch.sinc(cutoff * x) * _kaiser(x, half, _BETA)
+    inside = (1 - (x / half) ** 2).clamp(min=0).sqrt()
+    kaiser = torch.where(x.abs() <= half, torch.special.i0(_BETA * inside) / float(np.i0(_BETA)), 0.0)
+    taps = cutoff * torch.sinc(cutoff * x) * kaiser
     taps = taps / taps.sum(1, keepdim=True)
     # float64 on CUDA, where float32 convolutions would run in TF32 (cudnn.allow_tf32 is on)
     return taps[:, None].to(device, torch.float64 if device.type == "cuda" else torch.float32), half
