@@ -11,11 +11,9 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
     def response(self) -> web.Response:
-        return web.json_response(self.body(), status=self.status)
+        return web.json_response({"error": {"message": self.message, "type": self.kind, "param": self.param,
+                                            "code": self.code}}, status=self.status)
 
 
 def invalid(param: str, message: str, code: str = "invalid_value") -> ApiError:

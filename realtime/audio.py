@@ -78,7 +78,6 @@ def decode(data: bytes, fmt: AudioFormat) -> torch.Tensor:
 
 
 def to_model_rate(x: torch.Tensor, fmt: AudioFormat, rate: int) -> torch.Tensor:
-    """Decoded samples at the format's rate -> the model's input `rate`."""
     return resample(x, fmt.rate, rate) if len(x) else x
 
 

@@ -23,7 +23,6 @@ from .cli_checks import (
     check_out,
     check_positive,
     check_speaking,
-    check_voice,
     default_device,
     read_audio,
 )
@@ -138,8 +137,7 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-frames", type=int, default=1500, help="stop the speech after M codec frames")
     gen.add_argument("--no-audio", action="store_true", help="text reply only (a model that does not speak always "
                      "replies in text)")
-    gen.add_argument("--out", help="write the reply's speech here (16-bit WAV at the "
-                     "model's output rate)")
+    gen.add_argument("--out", help="write the reply's speech here (16-bit WAV at the model's output rate)")
     gen.add_argument("--json", action="store_true", help="print one JSON object with ids, codes and timings")
     return ap
 
@@ -161,9 +159,7 @@ def generate(args: argparse.Namespace) -> int:
 
     if not args.audio and not args.text:
         raise UsageError("give --audio, --text or both")
-    declared = check_before_loading(args)
-    check_voice(declared, args.voice)
-    check_speaking(declared, args.language, args.instructions, args.reference_audio, args.reference_text)
+    check_speaking(check_before_loading(args), args)
     if args.out:
         check_out(args.out)
     messages = [Message("system", args.system)] if args.system else []

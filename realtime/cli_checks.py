@@ -21,7 +21,6 @@ def default_device() -> str:
 
 
 def check_before_loading(args: argparse.Namespace) -> ModelSpec:
-    """The model's config and the device, checked before anything loads; what the model declares."""
     spec = check_model(args.model)
     if args.voice_model:
         check_model(args.voice_model, "--voice-model")
@@ -75,22 +74,18 @@ def check_device(device: str) -> None:
         raise UsageError(f"--device {device}: there are {torch.cuda.device_count()} CUDA devices (cuda:0 first)")
 
 
-def check_voice(spec: ModelSpec, voice: str) -> None:
-    if not spec.speaks:
-        return
-    try:
-        spec.voice(voice)
-    except ValueError as e:
-        raise UsageError(f"--voice {voice}: {e}") from None
-
-
-def check_speaking(spec: ModelSpec, language: str, instructions: str, reference_audio: str | None,
-                   reference_text: str | None) -> None:
-    """--language, --instructions and the voice to clone, against what the model declares."""
+def check_speaking(spec: ModelSpec, args: argparse.Namespace) -> None:
+    """--voice, --language, --instructions and the voice to clone, against what the model declares."""
+    if spec.speaks:
+        try:
+            spec.voice(args.voice)
+        except ValueError as e:
+            raise UsageError(f"--voice {args.voice}: {e}") from None
+    language, reference_audio, reference_text = args.language, args.reference_audio, args.reference_text
     if language and language.lower() not in {lang.lower() for lang in spec.languages}:
         have = ", ".join(spec.languages) if spec.languages else "none: it takes no --language"
         raise UsageError(f"--language {language}: not one of this model's languages ({have})")
-    if instructions and not spec.instructions:
+    if args.instructions and not spec.instructions:
         raise UsageError(f"--instructions: this model ({spec.name}) takes no instructions")
     if reference_text is not None and not reference_audio:
         raise UsageError("--reference-text: give the --reference-audio it is the text of")

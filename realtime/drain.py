@@ -32,7 +32,6 @@ class Drain:
         return self.started is not None
 
     def refusing(self) -> bool:
-        """Whether a new session is refused now."""
         return self.started is not None and time.monotonic() - self.started >= self.cfg.notice_s
 
     async def install_signals(self, app: object) -> None:

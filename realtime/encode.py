@@ -63,10 +63,6 @@ class Encoder:
         else:
             self._resampler = av.AudioResampler(format="s16", layout="mono", rate=PCM_RATE)
 
-    @property
-    def content_type(self) -> str:
-        return self.format.content_type
-
     def push(self, pcm: np.ndarray) -> bytes:
         if not len(pcm):
             return b""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import binascii
 import time
-from dataclasses import dataclass, field
 
 import torch
 
@@ -35,17 +34,11 @@ def encoded(audio: torch.Tensor, fmt: AudioFormat, rate: int) -> str:
     return base64.b64encode(encode(audio, fmt, rate)).decode()
 
 
-@dataclass
 class AppendRate:
     """Token bucket: `rate` appends a second sustained, bursts of up to `burst`."""
 
-    rate: float
-    burst: int
-    tokens: float = field(init=False)
-    refilled: float = field(default_factory=time.monotonic)
-
-    def __post_init__(self) -> None:
-        self.tokens = float(self.burst)
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst, self.tokens, self.refilled = rate, burst, float(burst), time.monotonic()
 
     def take(self) -> bool:
         now = time.monotonic()

@@ -35,18 +35,21 @@ class EngineStats:
     admission: dict[str, float]  # turns_waiting, turns_waited, admission_wait_s (pipelines/admission.py)
 
 
+def kv_blocks(pipeline: Pipeline) -> tuple[dict[str, int], dict[str, int]]:
+    """KV blocks in use and in all, by stage; runs on the engine thread (`pipeline.request`), as engine_stats."""
+    caches = {s.name: s.kv for s in pipeline.stages if s.kv is not None}
+    total = {name: kv.layout.num_blocks for name, kv in caches.items()}
+    return {name: total[name] - kv.num_free for name, kv in caches.items()}, total
+
+
 def engine_stats(pipeline: Pipeline) -> EngineStats:
-    """The engine's counters; runs on the engine thread (`pipeline.request`)."""
-    stages, cached = pipeline.stages, [s for s in pipeline.stages if s.kv is not None]
-    for s in cached:
-        s.kv.check()  # a scrape also checks every cache's integrity, as Pipeline.kv_check does
-    return EngineStats(
-        kv_used={s.name: s.kv.layout.num_blocks - s.kv.num_free for s in cached},
-        kv_total={s.name: s.kv.layout.num_blocks for s in cached},
-        steps={s.name: s.runner.steps for s in stages},
-        busy_s={s.name: s.runner.busy_s for s in stages},
-        admission=pipeline.program.admission.counters(),
-    )
+    for s in pipeline.stages:
+        if s.kv is not None:
+            s.kv.check()  # a scrape also checks every cache's integrity, as Pipeline.kv_check does
+    used, total = kv_blocks(pipeline)
+    return EngineStats(kv_used=used, kv_total=total, steps={s.name: s.runner.steps for s in pipeline.stages},
+                       busy_s={s.name: s.runner.busy_s for s in pipeline.stages},
+                       admission=pipeline.program.admission.counters())
 
 
 class Metrics:
@@ -59,12 +62,12 @@ class Metrics:
         self.active_responses = 0
         self.engine: EngineStats | None = None
         self.registry = CollectorRegistry()
-        self._ttfa = Histogram("omni_time_to_first_audio_seconds",
-                               "From the end of the user's turn (commit, or response.create) to the first audio delta.",
-                               buckets=TTFA_BUCKETS_S, registry=self.registry)
-        self._rtf = Histogram("omni_rtf", "Real-time factor of responses (generation time / audio time).",
-                              buckets=RTF_BUCKETS, registry=self.registry)
-        self._errors = Counter("omni_errors", "Errors sent to clients, by code.", ["code"], registry=self.registry)
+        self.ttfa = Histogram("omni_time_to_first_audio_seconds",
+                              "From the end of the user's turn (commit, or response.create) to the first audio delta.",
+                              buckets=TTFA_BUCKETS_S, registry=self.registry)
+        self.rtf = Histogram("omni_rtf", "Real-time factor of responses (generation time / audio time).",
+                             buckets=RTF_BUCKETS, registry=self.registry)
+        self.errors = Counter("omni_errors", "Errors sent to clients, by code.", ["code"], registry=self.registry)
         self._responses = Counter("omni_responses", "Responses ended, by status (completed, cancelled, incomplete, "
                                   "failed) and error code (failed ones; 'none' otherwise).", ["status", "code"],
                                   registry=self.registry)
@@ -72,17 +75,8 @@ class Metrics:
         for default in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):  # process_*, python_* families
             self.registry.register(default)
 
-    def first_audio(self, seconds: float) -> None:
-        self._ttfa.observe(seconds)
-
-    def rtf(self, value: float) -> None:
-        self._rtf.observe(value)
-
     def response_done(self, status: str, error: dict | None) -> None:
         self._responses.labels(status=status, code=(error or {}).get("code") or "none").inc()
-
-    def error(self, code: str) -> None:
-        self._errors.labels(code=code).inc()
 
     async def scrape(self, pipeline: Pipeline) -> bytes:
         """The exposition text; engine families only when the engine answers within ENGINE_TIMEOUT_S."""

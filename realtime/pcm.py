@@ -82,22 +82,6 @@ def float_to_g711(x: torch.Tensor, law: Literal["ulaw", "alaw"]) -> bytes:
     return codes.cpu().numpy().tobytes()
 
 
-def _exact_dtype(device: torch.device) -> torch.dtype:
-    """float32 on CPU; float64 on CUDA, where float32 convolutions would run in TF32 (cudnn.allow_tf32 is on)."""
-    return torch.float64 if device.type == "cuda" else torch.float32
-
-
-def _kaiser(x: torch.Tensor, half: int, beta: float) -> torch.Tensor:
-    inside = (1 - (x / half) ** 2).clamp(min=0).sqrt()
-    return torch.where(x.abs() <= half, torch.special.i0(beta * inside) / float(np.i0(beta)), 0.0)
-
-
-def half_width(sr_in: int, sr_out: int) -> int:
-    """Input samples either side of an output sample's time that `resample` reads (its kernel's half-width)."""
-    g = math.gcd(sr_in, sr_out)
-    return _kernel_shape(sr_in // g, sr_out // g)[1]
-
-
 def _kernel_shape(orig: int, new: int) -> tuple[float, int]:
     cutoff = min(1.0, new / orig) * _ROLLOFF
     return cutoff, math.ceil(_ZEROS / cutoff)
@@ -108,9 +92,12 @@ def _sinc_kernel(orig: int, new: int, device: torch.device) -> tuple[torch.Tenso
     cutoff, half = _kernel_shape(orig, new)
     offsets = torch.arange(new, dtype=torch.float64)[:, None] * orig / new
     x = torch.arange(-half, half + orig, dtype=torch.float64)[None] - offsets
-    taps = cutoff * torch.sinc(cutoff * x) * _kaiser(x, half, _BETA)
+    inside = (1 - (x / half) ** 2).clamp(min=0).sqrt()
+    kaiser = torch.where(x.abs() <= half, torch.special.i0(_BETA * inside) / float(np.i0(_BETA)), 0.0)
+    taps = cutoff * torch.sinc(cutoff * x) * kaiser
     taps = taps / taps.sum(1, keepdim=True)
-    return taps[:, None].to(device, _exact_dtype(device)), half
+    # float64 on CUDA, where float32 convolutions would run in TF32 (cudnn.allow_tf32 is on)
+    return taps[:, None].to(device, torch.float64 if device.type == "cuda" else torch.float32), half
 
 
 def resample(pcm: torch.Tensor, sr_in: int, sr_out: int) -> torch.Tensor:
@@ -140,7 +127,7 @@ class StreamResampler:
     def __init__(self, sr_in: int, sr_out: int) -> None:
         g = math.gcd(sr_in, sr_out)
         self.sr_in, self.sr_out, self._in, self._out = sr_in, sr_out, sr_in // g, sr_out // g
-        self._context = -(-half_width(sr_in, sr_out) // self._in) * self._in
+        self._context = -(-_kernel_shape(self._in, self._out)[1] // self._in) * self._in
         self.reset()
 
     def reset(self) -> None:

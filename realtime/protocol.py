@@ -17,7 +17,7 @@ import numpy as np
 from pipelines.spec import ModelSpec
 
 from .audio import AudioFormat
-from .vad import VadConfig
+from .vad import SEMANTIC_VAD_DEFAULTS, SERVER_VAD_DEFAULTS, VadConfig
 
 _counter = itertools.count(1)
 
@@ -118,14 +118,6 @@ def client_event_id(event: dict) -> str | None:
     return clip(value) if isinstance(value, str) else None
 
 
-SERVER_VAD_DEFAULTS = {
-    "type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500,
-    "idle_timeout_ms": None, "create_response": True, "interrupt_response": True,
-}
-SEMANTIC_VAD_DEFAULTS = {"type": "semantic_vad", "eagerness": "auto", "create_response": True,
-                         "interrupt_response": True}
-
-
 def default_session(model: str, spec: ModelSpec, session_id: str | None = None) -> dict:
     """A new session's config: spoken replies in the model's default voice if it speaks, else text."""
     return {
@@ -141,17 +133,8 @@ def default_session(model: str, spec: ModelSpec, session_id: str | None = None) 
     }
 
 
-def default_transcription_session(session_id: str, audio_input: dict) -> dict:
-    """GA's transcription session (audio in, turn detection, transcripts out, never a response);
-    `audio_input`: the input config carried over from the session it replaces."""
-    return {"type": "transcription", "object": "realtime.transcription_session", "id": session_id,
-            "audio": {"input": {**copy.deepcopy(audio_input), "transcription": {"model": None}}},
-            "include": None}
-
-
 # The shape of what a client may set (SCHEMA): nested dicts are sections, anything else is a leaf validator.
 def _rule(message: str, ok: Callable[[Any], bool]) -> Callable[[Any], None]:
-    """A leaf validator: ValueError(`message`) for a value `ok` refuses."""
     def check(v: Any) -> None:
         if not ok(v):
             raise ValueError(message)
@@ -268,8 +251,10 @@ def update_session(current: dict, update: Any, model: str, spec: ModelSpec) -> d
     base = current
     if kind != current["type"]:
         audio_input = {k: v for k, v in current["audio"]["input"].items() if k != "transcription"}
-        if kind == "transcription":
-            base = default_transcription_session(current["id"], audio_input)
+        if kind == "transcription":  # GA's transcription session: audio in, transcripts out, never a response
+            base = {"type": "transcription", "object": "realtime.transcription_session", "id": current["id"],
+                    "audio": {"input": {**copy.deepcopy(audio_input), "transcription": {"model": None}}},
+                    "include": None}
         else:
             base = default_session(model, spec, current["id"])
             base["audio"]["input"].update(copy.deepcopy(audio_input))

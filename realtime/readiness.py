@@ -11,7 +11,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from pipelines.pipeline import Pipeline
 
-from .metrics import Metrics
+from .metrics import Metrics, kv_blocks
 
 KV_READ_TIMEOUT_S = 1.0  # the engine answers between steps; a busy step must not stall the probe
 KV_READ_EVERY_S = 0.5  # probes more often than this reuse the last reading
@@ -21,14 +21,6 @@ def conversations_free(typical: int, used: dict[str, int], total: dict[str, int]
     """Conversations of a typical length that still fit (`typical` in empty caches); the fullest cache decides."""
     free = min((1 - used.get(name, 0) / n for name, n in total.items() if n), default=1.0)
     return int(typical * free)
-
-
-def kv_room(pipeline: Pipeline) -> int:
-    """Typical conversations the KV caches can still take. Runs on the engine thread (`pipeline.request`)."""
-    caches = {s.name: s.kv for s in pipeline.stages if s.kv is not None}
-    total = {name: kv.layout.num_blocks for name, kv in caches.items()}
-    used = {name: kv.layout.num_blocks - kv.num_free for name, kv in caches.items()}
-    return conversations_free(pipeline.capacity()["sessions"], used, total)
 
 
 class Readiness:
@@ -65,7 +57,8 @@ class Readiness:
             return
         self._kv_read_at = time.monotonic()
         try:
-            future = self.pipeline.request(lambda: kv_room(self.pipeline))
+            future = self.pipeline.request(lambda: conversations_free(self.pipeline.capacity()["sessions"],
+                                                                      *kv_blocks(self.pipeline)))
             self.kv_free = await asyncio.wait_for(asyncio.wrap_future(future), KV_READ_TIMEOUT_S)
         except Exception:  # a busy engine keeps the last reading
             pass

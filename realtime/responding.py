@@ -88,16 +88,13 @@ class Responding:
         held = self._take_held(spec, inputs)  # the reply started in the silence (early_reply.py), if it fits
         turn = held.turn if held is not None else Turn(*self._messages(cfg, inputs, out_of_band),
                                                         self._turn_options(cfg))
-        limit = cfg["max_output_tokens"]
-        modality = cfg["output_modalities"][0]
-        voice = cfg["audio"]["output"]["voice"]
-        voice = voice["id"] if isinstance(voice, dict) else voice  # a response names its voice by a string
-        response = Response(self.send, None if out_of_band else self.conversation, modality,
-                            AudioFormat.from_config(cfg["audio"]["output"]["format"]),
-                            voice, limit, spec.get("metadata"), turn_id=turn.turn_id,
-                            started=self.committed_at or time.perf_counter(), rate=self.pipeline.spec.output_rate)
-        response.on_audio_start = self.metrics.first_audio
-        response.speed = float(cfg["audio"]["output"]["speed"])
+        output, voice = cfg["audio"]["output"], cfg["audio"]["output"]["voice"]
+        response = Response(self.send, None if out_of_band else self.conversation, cfg["output_modalities"][0],
+                            AudioFormat.from_config(output["format"]),
+                            voice["id"] if isinstance(voice, dict) else voice,  # a response names its voice by a string
+                            cfg["max_output_tokens"], spec.get("metadata"), turn_id=turn.turn_id,
+                            started=self.committed_at or time.perf_counter(), rate=self.pipeline.spec.output_rate,
+                            speed=float(output["speed"]), on_audio_start=self.metrics.ttfa.observe)
         response.on_cap = lambda: self.pipeline.abort(response.turn_id)
         self.committed_at = None
         self.response = response
@@ -163,7 +160,7 @@ class Responding:
             else:
                 self.sent.extend(i.id for i in response.items)
             if response.audio_samples:
-                self.metrics.rtf((time.perf_counter() - start) / (response.audio_samples / response.rate))
+                self.metrics.rtf.observe((time.perf_counter() - start) / (response.audio_samples / response.rate))
             logs.response_done(self.config["id"], response)
             ended = "cancelled" if response.status == "in_progress" else response.status  # cut off with the socket
             self.metrics.response_done(ended, response.error)

@@ -21,13 +21,12 @@ from .audio import AudioFormat, OutputEncoder, TimeStretch
 from .items import Conversation, Item
 from .protocol import new_id
 
-Send = Callable[[dict], None]
 REQUEST_CODES = ("invalid_request", "context_too_long")  # pipeline error codes the request caused
 
 
 @dataclass
 class Response:
-    send: Send
+    send: Callable[[dict], None]
     conversation: Conversation | None  # None: out of band (conversation "none")
     modality: str  # "audio" or "text"
     output_format: AudioFormat
@@ -167,10 +166,14 @@ class Response:
         item = Item({"id": new_id("item"), "object": "realtime.item", "type": "message", "role": "assistant",
                      "status": "in_progress", "content": []}, turn_id=self.turn_id, speed=self.speed)
         self._add_item(item)
-        part = {"type": "audio", "transcript": ""} if self.modality == "audio" else {"type": "text", "text": ""}
-        self.send({"type": "response.content_part.added", **self._where(item), "part": part})
-        item.data["content"] = [{**part, "type": f"output_{part['type']}"}]
+        self.send({"type": "response.content_part.added", **self._where(item), "part": self._part(item, "")})
         return item
+
+    def _part(self, item: Item, text: str) -> dict:
+        """The content part as the response events name it; the item holds it as output_audio / output_text."""
+        part = {"type": "audio", "transcript": text} if self.modality == "audio" else {"type": "text", "text": text}
+        item.data["content"] = [{**part, "type": f"output_{part['type']}"}]
+        return part
 
     def _add_item(self, item: Item) -> None:
         self.items.append(item)
@@ -190,12 +193,9 @@ class Response:
         if self.modality == "audio":
             self.send({"type": "response.output_audio.done", **where})
             self.send({"type": "response.output_audio_transcript.done", **where, "transcript": self.transcript})
-            part = {"type": "audio", "transcript": self.transcript}
         else:
             self.send({"type": "response.output_text.done", **where, "text": self.transcript})
-            part = {"type": "text", "text": self.transcript}
-        item.data["content"] = [{**part, "type": f"output_{part['type']}"}]
-        self.send({"type": "response.content_part.done", **where, "part": part})
+        self.send({"type": "response.content_part.done", **where, "part": self._part(item, self.transcript)})
         self._close_item(item, status)
 
     def _close_item(self, item: Item, status: str) -> None:

@@ -104,7 +104,6 @@ REDACT = RedactKeys()
 
 
 def redact_logs(api_key: str | None) -> None:
-    """Install the filter on aiohttp's loggers and ours (once); remember the key to scrub."""
     if api_key:
         REDACT.keys.add(api_key)
     for name in ("aiohttp.access", "aiohttp.server", "aiohttp.web", "aiohttp.websocket", "aiohttp.internal",

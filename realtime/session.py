@@ -21,7 +21,7 @@ from .capabilities import check_config
 from .early_reply import EarlyReply
 from .input_audio import AppendRate, decode_append
 from .item_events import ItemEvents
-from .items import Conversation, Item, user_audio_item
+from .items import Conversation, user_audio_item
 from .metrics import Metrics
 from .protocol import (
     SERVER_ERROR,
@@ -111,7 +111,6 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
         self._clear_buffer()
         self.pipeline.end_session(self.pipe_session)
 
-    # -- client events -----------------------------------------------------------------------------
     async def handle(self, raw: str | bytes) -> None:
         """One client frame. Whatever goes wrong becomes an error event; the session goes on."""
         event_id = None
@@ -125,11 +124,11 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
                                     "type.", "type")
             await handler(self, event)
         except ProtocolError as e:
-            self.metrics.error(e.code)
+            self.metrics.errors.labels(code=e.code).inc()
             self.send(e.event(event_id))
         except Exception:
             log.exception("session %s: a client event failed", self.config.get("id"))
-            self.metrics.error(SERVER_ERROR.code)
+            self.metrics.errors.labels(code=SERVER_ERROR.code).inc()
             self.send(SERVER_ERROR.event(event_id))
 
     async def _off(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -142,7 +141,6 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
         self._reset_vad()
         self.send({"type": "session.updated", "session": self.config})
 
-    # -- input audio buffer and turn detection (VAD events, commits) -----------------------------
     async def append(self, event: dict) -> None:
         data = require(event, "audio")
         if len(data) > MAX_APPEND_BYTES * 4 // 3 + 4:
@@ -194,17 +192,11 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
             item_id, self.speech_item = self.speech_item or new_id("item"), None
             self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": int(ev.audio_end_ms),
                        "item_id": item_id})
-        if await self._commit(item_id) and td.get("create_response", True):
-            self._respond_when_idle()
-
-    def _respond_when_idle(self) -> None:
-        """Answer now, or as soon as the response being cancelled (barge-in) has ended."""
-        if self.transcribing:
-            return
-        if self.response is None:
-            self._start_response({})
-        else:
-            self.respond_after = True
+        if await self._commit(item_id) and td.get("create_response", True) and not self.transcribing:
+            if self.response is None:
+                self._start_response({})
+            else:  # answered as soon as the response being cancelled (barge-in) has ended
+                self.respond_after = True
 
     async def commit(self, event: dict) -> None:
         if self.buffer_ms < MIN_COMMIT_MS:
@@ -229,7 +221,9 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
         self.send({"type": "input_audio_buffer.committed", "previous_item_id": prev, "item_id": item_id})
         self._echo(prev, item)
         if self.transcribing or self.config["audio"]["input"].get("transcription"):
-            self._transcribe(item)
+            task = asyncio.create_task(transcribe(self.pipeline, self.send, item, self.limits.transcription_tokens))
+            self.background.add(task)
+            task.add_done_callback(self.background.discard)
         return True
 
     async def clear(self, event: dict) -> None:
@@ -283,13 +277,6 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
         buffer, fmt = list(self.buffer), self.input_format
         return self._off(lambda: (to_model_rate(torch.cat(buffer), fmt, self.pipeline.spec.input_rate), None))
 
-    # -- input transcription, by the model itself, in the background -------------------------------------
-    def _transcribe(self, item: Item) -> None:
-        task = asyncio.create_task(transcribe(self.pipeline, self.send, item, self.limits.transcription_tokens))
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
-
-    # -- helpers -----------------------------------------------------------------------------------
     @property
     def transcribing(self) -> bool:
         """A transcription session: transcripts of each commit, never a response."""

@@ -3,11 +3,11 @@ a frame here vs 2.15 ms for the TorchScript one); one single-threaded onnxruntim
 
 from __future__ import annotations
 
-from functools import lru_cache
 from importlib import resources
 
 import numpy as np
-import onnxruntime as ort
+
+from .smart_turn import onnx_session
 
 RATE = 16000
 FRAME = 512  # samples per judged frame at 16 kHz (32 ms): the only frame size the model takes
@@ -15,19 +15,11 @@ FRAME_MS = FRAME * 1000 // RATE
 _CONTEXT = 64
 
 
-@lru_cache(maxsize=1)
-def _session() -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    opts.inter_op_num_threads = opts.intra_op_num_threads = 1
-    path = resources.files("silero_vad.data").joinpath("silero_vad.onnx")
-    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
-
-
 class SileroStream:
     """Speech probability (0..1) of each 32 ms frame of a 16 kHz stream; `reset` starts a new stream."""
 
     def __init__(self) -> None:
-        self._model = _session()
+        self._model = onnx_session(str(resources.files("silero_vad.data").joinpath("silero_vad.onnx")))
         self._sr = np.array(RATE, np.int64)
         self.reset()
 

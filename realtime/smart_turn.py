@@ -21,7 +21,6 @@ ENV = "OMNI_REALTIME_TURN_MODEL"
 
 
 def turn_model_path() -> Path:
-    """Where the server looks for the model: $OMNI_REALTIME_TURN_MODEL, else <venv>/share/omni-realtime/."""
     return Path(os.environ.get(ENV) or Path(sys.prefix) / "share" / "omni-realtime" / MODEL_NAME)
 
 
@@ -59,22 +58,22 @@ def features(audio: np.ndarray) -> np.ndarray:
 
 
 @lru_cache(maxsize=4)
-def _session(path: str) -> ort.InferenceSession:
+def onnx_session(path: str) -> ort.InferenceSession:
+    """One single-threaded CPU session per model file, shared by every stream."""
     opts = ort.SessionOptions()
     opts.inter_op_num_threads = opts.intra_op_num_threads = 1
     return ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
 
 
 class SmartTurn:
-    """End-of-turn probability of a turn's audio; one onnxruntime session per model file, shared."""
+    """End-of-turn probability of a turn's audio."""
 
     def __init__(self, path: Path | None = None) -> None:
-        """Raises FileNotFoundError without the model file."""
         path = path or turn_model_path()
         if not path.is_file():
             raise FileNotFoundError(f"Smart Turn model not found at {path} (run `make serve` or "
                                     f"`python -m realtime.turn_model fetch`, or set {ENV})")
-        self._model = _session(str(path))
+        self._model = onnx_session(str(path))
 
     def complete(self, audio: np.ndarray) -> float:
         """P(the turn is finished) for the turn's 16 kHz audio so far (the last 8 s are read)."""

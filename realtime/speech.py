@@ -112,12 +112,9 @@ class SpeechStream:
         return _sse({"type": "error", "error": {"message": event.message, "type": "server_error",
                                                 "param": None, "code": event.code}})
 
-    def close(self) -> None:
-        self.encoder.close()
-
     @property
     def content_type(self) -> str:
-        return "text/event-stream" if self.req.stream_format == "sse" else self.encoder.content_type
+        return "text/event-stream" if self.req.stream_format == "sse" else self.encoder.format.content_type
 
     def _frame(self, data: bytes) -> bytes:
         if self.req.stream_format == "audio" or not data:
@@ -171,5 +168,5 @@ async def speak(request: web.Request, pipeline: Pipeline, voices: CustomVoices, 
         return response
     finally:
         await events.aclose()
-        stream.close()
+        stream.encoder.close()
         pipeline.end_session(turn.session_id)

@@ -28,9 +28,12 @@ log = logging.getLogger(__name__)
 MIN_SPEECH_MS = 96
 HYSTERESIS = 0.15
 EAGERNESS_SILENCE_MS = {"low": 1000, "medium": 500, "auto": 500, "high": 250}  # the fallback without Smart Turn
-_COMMON_KEYS = ("type", "create_response", "interrupt_response")
-_SERVER_KEYS = (*_COMMON_KEYS, "threshold", "prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms")
-_SEMANTIC_KEYS = (*_COMMON_KEYS, "eagerness")
+SERVER_VAD_DEFAULTS = {
+    "type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500,
+    "idle_timeout_ms": None, "create_response": True, "interrupt_response": True,
+}
+SEMANTIC_VAD_DEFAULTS = {"type": "semantic_vad", "eagerness": "auto", "create_response": True,
+                         "interrupt_response": True}
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,7 @@ class VadConfig:
     min_speech_ms: int | None = None  # not in the protocol: voiced run needed to start speech (None: by mode)
 
     def __post_init__(self) -> None:
-        ints = ("prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms", "min_speech_ms")
-        for key in ints:
+        for key in ("prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms", "min_speech_ms"):
             v = getattr(self, key)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v > 3_600_000):
                 raise ValueError(f"{key} must be an integer number of ms (at most an hour), got {v!r}")
@@ -73,7 +75,7 @@ class VadConfig:
         kind = cfg.get("type")
         if not isinstance(kind, str) or kind not in ("server_vad", "semantic_vad"):
             raise ValueError(f"unsupported turn_detection type {kind!r}; expected server_vad or semantic_vad")
-        unknown = set(cfg) - set(_SEMANTIC_KEYS if kind == "semantic_vad" else _SERVER_KEYS)
+        unknown = set(cfg) - set(SEMANTIC_VAD_DEFAULTS if kind == "semantic_vad" else SERVER_VAD_DEFAULTS)
         if unknown:
             raise ValueError(f"unknown {kind} field(s) {sorted(unknown)}")
         args = {k: v for k, v in cfg.items() if v is not None}
@@ -88,7 +90,7 @@ class VadConfig:
             raise ValueError(f"invalid {kind} config {dict(cfg)}: {e}") from None
 
     def to_config(self) -> dict[str, Any]:
-        keys = _SEMANTIC_KEYS if self.type == "semantic_vad" else _SERVER_KEYS
+        keys = SEMANTIC_VAD_DEFAULTS if self.type == "semantic_vad" else SERVER_VAD_DEFAULTS
         return {k: getattr(self, k) for k in keys}
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ CREATE TABLE IF NOT EXISTS voices (id TEXT PRIMARY KEY, name TEXT NOT NULL, cons
 
 
 def default_data_dir() -> Path:
-    """$XDG_DATA_HOME/omni-realtime, else ~/.local/share/omni-realtime."""
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "omni-realtime"
 

@@ -109,7 +109,12 @@ class VoiceApi:
         return _found(self.store.consent(request.match_info["id"]), "voice consent", request)
 
     async def update_consent(self, request: web.Request) -> web.Response:
-        body = await _json(request)
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise invalid("", "The request body must be a JSON object.", "invalid_json")
         name = body.get("name")
         if not isinstance(name, str) or not name.strip():
             raise invalid("name", "'name' must be a non-empty string.")
@@ -191,13 +196,3 @@ def _text(fields: dict, name: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise invalid(name, f"Missing required parameter: '{name}'.", "missing_required_parameter")
     return value
-
-
-async def _json(request: web.Request) -> dict:
-    try:
-        body = await request.json()
-    except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        raise invalid("", "The request body must be a JSON object.", "invalid_json")
-    return body
