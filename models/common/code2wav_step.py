@@ -38,7 +38,7 @@ class Code2WavWork(Work):
         super().__init__(turn, f"code2wav:{turn.turn_id}")
         self.turn: SpeakingTurn = turn
         # [R, Q] codes decoded ahead of the turn's, their audio not played (a cloned voice's reference audio);
-        # exact for a decoder of holdback 0 (Qwen3-TTS's): the first sample played is the turn's first frame's
+        # exact for a decoder of holdback 0 (no look-ahead): the first sample played is the turn's first frame's
         self.prefix = prefix
         self.pushed = 0  # frames decoded so far; `slot`: the stream's state in the decoder, from its first frame
 

@@ -1,4 +1,4 @@
-"""Slaney mel filters (librosa's default, as Whisper's and Qwen3-TTS's feature extractors build them)."""
+"""Slaney mel filters (librosa's default, as Whisper's feature extractor and the TTS speaker encoder build them)."""
 
 from __future__ import annotations
 
