@@ -59,7 +59,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
                    help="run every step eagerly on CUDA (default: capture the fixed-shape steps at start)")
     p.add_argument("--kv-cache-gib", type=float, default=None,
                    help="GiB for the model's KV caches on CUDA (default: what is free after the "
-                        "weights, within --gpu-memory-gib, less 10 GiB)")
+                        "weights, within --gpu-memory-gib, less 12 GiB)")
     p.add_argument("--gpu-memory-gib", type=float, default=None,
                    help="on CUDA, the most GiB this process may take (weights, KV caches, CUDA graphs; more is an "
                         "out-of-memory error); refused on cpu (default: the whole device)")
