@@ -25,6 +25,7 @@ from .tiny import PRESETS
 
 log = logging.getLogger(__name__)
 VISION_PREFIX = "thinker.visual."
+SPEAKING = ("talker.", "code2wav.")  # what another model's voice replaces (load_model's `speaks` False)
 load_weights = partial(load_any, rename=lambda key: None if key.startswith(VISION_PREFIX) else key)
 
 
@@ -38,15 +39,18 @@ class Qwen3Omni(nn.Module):
 
 
 def load_model(model: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-               seed: int = 0, quantization: str | None = None) -> Qwen3Omni:
+               seed: int = 0, quantization: str | None = None, speaks: bool = True) -> Qwen3Omni:
     """A tiny preset with seeded random weights, or a checkpoint directory streamed in one pass onto `device`.
     MoE experts in fp8 (fp8.py) with `quantization` "fp8", or when the checkpoint stores them in fp8 128x128 blocks
-    (kept as stored): a checkpoint's are quantized (or copied) as they are read, never held in `dtype`."""
+    (kept as stored): a checkpoint's are quantized (or copied) as they are read, never held in `dtype`.
+    `speaks` False (another model's voice speaks): no talker or Code2Wav, their weights never read."""
     start = time.perf_counter()
     if str(model) in PRESETS:
         cfg = OmniConfig.from_hf(PRESETS[str(model)]())
         net = Qwen3Omni(cfg)
         random_weights_(net, seed)
+        if not speaks:
+            net.talker = net.code2wav = None
         net = net.to(device=device, dtype=dtype)
         if quantization:
             fp8_experts_(net)
@@ -54,10 +58,13 @@ def load_model(model: str | Path, device: torch.device | str = "cpu", dtype: tor
         cfg = OmniConfig.from_file(model)
         with torch.device("meta"):
             net = Qwen3Omni(cfg)
+        if not speaks:
+            net.talker = net.code2wav = None
         if quantization or checkpoint_block(model) == BLOCK:
             fp8_experts_(net, empty=True)
         check_fits(net, device, dtype)
-        load_weights(net, model, device=device, dtype=dtype)
+        skip = VISION_PREFIX if speaks else (VISION_PREFIX, *SPEAKING)
+        load_any(net, model, device=device, dtype=dtype, rename=lambda key: None if key.startswith(skip) else key)
     return _ready(net, model, device, dtype, start)
 
 

@@ -218,5 +218,5 @@ def build(model: str, device: str = "cpu", dtype: str | None = None, graphs: boo
           **stage_overrides: dict) -> Pipeline:
     """The registry's entry point: `model` ('tiny', 'tiny-thinker' or a checkpoint) on `device`'s defaults."""
     cfg = PipelineConfig.on(model, device, dtype, graphs, kv_memory_gib, **stage_overrides)
-    net = load_model(cfg.model, cfg.device, getattr(torch, cfg.dtype), quantization=quantization)
+    net = load_model(cfg.model, cfg.device, getattr(torch, cfg.dtype), quantization=quantization, speaks=voice is None)
     return build_pipeline(cfg, net, voice=voice)
