@@ -30,12 +30,13 @@ load_weights = partial(load_any, rename=lambda key: None if key.startswith(VISIO
 
 
 class Qwen3Omni(nn.Module):
-    def __init__(self, cfg: OmniConfig) -> None:
+    def __init__(self, cfg: OmniConfig, speaks: bool = True) -> None:
+        """`speaks` False: no talker or Code2Wav (another model's voice speaks)."""
         super().__init__()
         self.cfg = cfg
         self.thinker = Thinker(cfg.thinker)
-        self.talker = Talker(cfg.talker) if cfg.talker is not None else None
-        self.code2wav = Code2Wav(cfg.code2wav) if cfg.code2wav is not None else None
+        self.talker = Talker(cfg.talker) if cfg.talker is not None and speaks else None
+        self.code2wav = Code2Wav(cfg.code2wav) if cfg.code2wav is not None and speaks else None
 
 
 def load_model(model: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
@@ -47,19 +48,15 @@ def load_model(model: str | Path, device: torch.device | str = "cpu", dtype: tor
     start = time.perf_counter()
     if str(model) in PRESETS:
         cfg = OmniConfig.from_hf(PRESETS[str(model)]())
-        net = Qwen3Omni(cfg)
-        random_weights_(net, seed)
-        if not speaks:
-            net.talker = net.code2wav = None
+        net = Qwen3Omni(cfg, speaks)
+        random_weights_(net, seed)  # the thinker's values come first, whether the rest is built or not
         net = net.to(device=device, dtype=dtype)
         if quantization:
             fp8_experts_(net)
     else:
         cfg = OmniConfig.from_file(model)
         with torch.device("meta"):
-            net = Qwen3Omni(cfg)
-        if not speaks:
-            net.talker = net.code2wav = None
+            net = Qwen3Omni(cfg, speaks)
         if quantization or checkpoint_block(model) == BLOCK:
             fp8_experts_(net, empty=True)
         check_fits(net, device, dtype)

@@ -53,8 +53,7 @@ class ThinkerStep:
                 return None
         x = torch.cat([w.turn.session.embeds.tail(len(w.turn.session.ids) - 1) for w in works])
         rows = kv_views.rows(self.kv, [w.key for w in works], self.width) | self._rows(works) | {"x": x}
-        greedy = all((w.turn.options.thinker or GREEDY).greedy for w in works)
-        out = (self.greedy_graph if greedy else self.graph)(len(works), rows)
+        out = (self.greedy_graph if rows["s.greedy"].all() else self.graph)(len(works), rows)
         return lambda: self._commit(works, out)
 
     def run(self, works: list[ThinkerWork], lengths: list[int], prefill: bool) -> None:
