@@ -1,9 +1,12 @@
 """Concurrent sessions through the real WebSocket server: time to first audio, real-time factor, underruns.
 
-Each level runs N sessions against realtime.server.Server on loopback, in this process, on one Pipeline
-(random weights, built as bench_pipeline builds them). A session connects, sets manual turn detection and
-a 32-token system prompt, streams its question in real time as 20 ms appends (sessions start spread evenly
-over --spread-s), then commits and asks for a response. Reply lengths are capped by the server Limits.
+Each level runs N sessions against realtime.server.Server on loopback, served from this process on one Pipeline
+(random weights, built as bench_pipeline builds them). The clients run in a child process of their own, as real
+clients run elsewhere: in the server's process their asyncio work took the GIL from the engine thread
+(--clients-in-process: the way it was measured before 2026-12-02's third session). A session connects, sets
+manual turn detection and a 32-token system prompt, streams its question in real time as 20 ms appends (sessions
+start spread evenly over --spread-s), then commits and asks for a response.
+Reply lengths are capped by the server Limits.
 
 - TTFA: commit sent -> first response.output_audio.delta received.
 - RTF: commit sent -> response.done, over the seconds of audio received.
@@ -39,9 +42,11 @@ import base64
 import itertools
 import json
 import math
+import multiprocessing
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -252,7 +257,7 @@ def conversation_summary(sessions: list[list[Result]], args: argparse.Namespace)
 async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[int], header: dict) -> list[dict]:
     limits = Limits(max_text_tokens=args.text_tokens, max_frames=args.frames, encode_ahead=not args.no_encode_ahead)
     server = Server(pipeline, ServerConfig(max_sessions=max(levels) + 1, max_sessions_per_client=max(levels) + 1,
-                                           limits=limits))
+                                           limits=limits, gil_switch_ms=args.gil_switch_ms))
     runner = web.AppRunner(server.app())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -263,35 +268,55 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
     chunks = [base64.b64encode((pcm[i : i + step].clamp(-1, 1) * 32767).to(torch.int16).numpy().tobytes()).decode()
               for i in range(0, len(pcm), step)]
     system = " word" * args.system_tokens
+    spawn = multiprocessing.get_context("spawn")
+    pool = None if args.clients_in_process else ProcessPoolExecutor(1, mp_context=spawn)
+
+    async def clients(n: int, spread_s: float, turns: int, pause_s: float, timeout_s: float) -> list[list[Result]]:
+        run = (url, chunks, system, n, spread_s, timeout_s, turns, pause_s)
+        if pool is None:
+            return await _clients(*run)
+        return await asyncio.get_running_loop().run_in_executor(pool, _clients_process, *run)
+
     lines = []
     try:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-            warm = (await session(http, url, chunks, system, 0.0, args.timeout_s))[0]
-            if warm.errors:
-                raise RuntimeError(f"warm-up session failed: {warm.errors}")
-            for n in levels:
-                if torch.cuda.is_available() and args.device.startswith("cuda"):
-                    torch.cuda.reset_peak_memory_stats()
-                before = engine(pipeline)
-                sessions = await asyncio.gather(*(session(http, url, chunks, system, i * args.spread_s / n,
-                                                          args.timeout_s, args.turns, args.pause_s)
-                                                  for i in range(n)))
-                line = {**header, "bench": "load", "audio_seconds": args.audio_seconds,
-                        "text_tokens": args.text_tokens, "frames": args.frames, "spread_s": args.spread_s}
-                line["engine"] = engine_delta(before, engine(pipeline))
-                if args.turns == 1:
-                    line.update(summary([s[0] for s in sessions], args))
-                else:
-                    line.update(mode="conversation", turns_per_session=args.turns, pause_s=args.pause_s,
-                                **conversation_summary(sessions, args))
-                print(json.dumps(line), flush=True)
-                if args.out:
-                    with open(args.out, "a") as f:
-                        f.write(json.dumps(line) + "\n")
-                lines.append(line)
+        warm = (await clients(1, 0.0, 1, 0.0, args.timeout_s))[0][0]
+        if warm.errors:
+            raise RuntimeError(f"warm-up session failed: {warm.errors}")
+        for n in levels:
+            if torch.cuda.is_available() and args.device.startswith("cuda"):
+                torch.cuda.reset_peak_memory_stats()
+            before = engine(pipeline)
+            sessions = await clients(n, args.spread_s, args.turns, args.pause_s, args.timeout_s)
+            line = {**header, "bench": "load", "audio_seconds": args.audio_seconds,
+                    "text_tokens": args.text_tokens, "frames": args.frames, "spread_s": args.spread_s}
+            line["engine"] = engine_delta(before, engine(pipeline))
+            if args.turns == 1:
+                line.update(summary([s[0] for s in sessions], args))
+            else:
+                line.update(mode="conversation", turns_per_session=args.turns, pause_s=args.pause_s,
+                            **conversation_summary(sessions, args))
+            print(json.dumps(line), flush=True)
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(line) + "\n")
+            lines.append(line)
     finally:
+        if pool is not None:
+            pool.shutdown()
         await runner.cleanup()
     return lines
+
+
+async def _clients(url: str, chunks: list[str], system: str, n: int, spread_s: float, timeout_s: float, turns: int,
+                   pause_s: float) -> list[list[Result]]:
+    """A level's N sessions, their starts spread evenly over `spread_s`."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        return list(await asyncio.gather(*(session(http, url, chunks, system, i * spread_s / n, timeout_s, turns,
+                                                   pause_s) for i in range(n))))
+
+
+def _clients_process(*run: object) -> list[list[Result]]:
+    return asyncio.run(_clients(*run))  # type: ignore[arg-type]
 
 
 def engine(pipeline: Pipeline) -> dict:
@@ -389,6 +414,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     "much of the GPU, and the KV caches what it leaves")
     ap.add_argument("--no-overlap", action="store_true",
                     help="the thinker's decode runs before the talker's, not beside it (StageConfig.overlap off)")
+    ap.add_argument("--gil-switch-ms", type=float, default=ServerConfig.gil_switch_ms,
+                    help=f"serve --gil-switch-ms (default {ServerConfig.gil_switch_ms}; Python's own: 5)")
+    ap.add_argument("--clients-in-process", action="store_true",
+                    help="run the clients in the server's process (as before 2026-12-02's third session), not a child")
     ap.add_argument("--no-encode-ahead", action="store_true",
                     help="serve --no-encode-ahead: the audio is encoded at the commit, not as it arrives")
     args = ap.parse_args(argv)
@@ -419,6 +448,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     header["play_ahead_s"] = args.play_ahead_s
     header["encode_ahead"] = not args.no_encode_ahead
     header["gpu_memory_gib"] = args.gpu_memory_gib
+    header["clients_in_process"] = args.clients_in_process
+    header["gil_switch_ms"] = args.gil_switch_ms
     with Pipeline(program) as pipeline:
         pipeline.play_ahead_s = args.play_ahead_s
         lines = asyncio.run(run_levels(pipeline, args, levels, header))

@@ -124,12 +124,12 @@ class InputStream:
         self._pieces: list[torch.Tensor] = []
         self._waiting: list[torch.Tensor] = []  # pushed, not yet resampled
         self._waiting_n = 0
-        self._batch = int(fmt.rate * self.BATCH_S)
+        self.batch = int(fmt.rate * self.BATCH_S)
 
     def push(self, pcm: torch.Tensor) -> None:
         self._waiting.append(pcm)
         self._waiting_n += len(pcm)
-        if self._waiting_n >= self._batch:
+        if self._waiting_n >= self.batch:
             self._flush()
 
     def _flush(self) -> None:

@@ -96,6 +96,9 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key-file", help="read the key from this file (keeps it out of `ps`)")
     serve.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1),
                        help="torch CPU threads (default: min(4, cores)); audio work uses 2 more")
+    serve.add_argument("--gil-switch-ms", type=float, default=0.5,
+                       help="the longest a thread holds Python's GIL while another waits for it (Python's default: 5); "
+                       "short, so the engine thread gets it back soon from the threads serving the sockets")
     serve.add_argument("--allowed-origins", default="",
                        help="comma-separated browser origins allowed besides the server's own host, or '*'")
     serve.add_argument("--max-sessions-per-client", type=int, default=16, help="sessions per client address")
@@ -253,6 +256,7 @@ def serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: a TCP port is 0-65535 (0: any free port)")
     check_positive(args, "drain_seconds", "drain_notice_seconds", "play_ahead_s", zero_ok=True)
+    check_positive(args, "gil_switch_ms")
     check_before_loading(args)
     import torch
 
@@ -279,7 +283,8 @@ def serve(args: argparse.Namespace) -> int:
     cfg = ServerConfig(model_name=args.model_name, api_key=key or None, max_sessions=args.max_sessions,
                        max_session_s=args.max_session_minutes * 60, limits=limits, bind_host=args.host,
                        allowed_origins=origins, max_sessions_per_client=args.max_sessions_per_client,
-                       drain=DrainConfig(args.drain_seconds, args.drain_notice_seconds), data_dir=args.data_dir)
+                       drain=DrainConfig(args.drain_seconds, args.drain_notice_seconds), data_dir=args.data_dir,
+                       gil_switch_ms=args.gil_switch_ms)
     run(pipeline, cfg, sock, ssl_context,
         started=lambda: startup_line(args, sock, ssl_context is not None, limits.encode_ahead))
     return 0

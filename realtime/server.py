@@ -10,6 +10,7 @@ import json
 import logging
 import socket
 import ssl
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -50,6 +51,9 @@ class ServerConfig:
     allowed_origins: tuple[str, ...] = ()  # browser origins besides the server's own host ("*": any)
     bind_host: str = "127.0.0.1"  # loopback: localhost origins of any port are allowed too
     audio_workers: int = 2  # threads for the sessions' audio work
+    # how long a thread may hold the GIL while another waits (Python's default is 5 ms): the engine thread gives it up
+    # at every torch call and waits this long to get it back from the sockets' thread under load
+    gil_switch_ms: float = 0.5
     limits: Limits = Limits()
     drain: DrainConfig = DrainConfig()
     data_dir: Path | None = None  # custom voices (None: voice_store.default_data_dir())
@@ -94,6 +98,7 @@ class Server:
         self.sockets: dict[web.WebSocketResponse, web.Request] = {}
         self.per_client: Counter[str] = Counter()
         self.audio = ThreadPoolExecutor(cfg.audio_workers, thread_name_prefix="audio")
+        sys.setswitchinterval(cfg.gil_switch_ms / 1000)
         self.drain = Drain(cfg.drain, lambda: self.metrics.sessions)
         self.readiness = Readiness(pipeline, self.metrics, cfg.max_sessions, lambda: self.drain.draining)
         self.voice_store = VoiceStore(cfg.data_dir or default_data_dir())

@@ -22,6 +22,8 @@ class Rows:
             lo = max(0, chunk.shape[0] - (end - start))
             picked.append(chunk[lo:])
             end -= chunk.shape[0]
+        if len(picked) == 1:
+            return picked[0]  # a view: the chunks are never written in place
         return torch.cat(picked[::-1]) if picked else self.chunks[0][:0]
 
     def all(self) -> torch.Tensor:
