@@ -115,7 +115,7 @@ def test_a_missing_api_key_file_names_its_flag(tmp_path: Path):
                    "No such file")
 
 
-@pytest.mark.parametrize("flag", ["--threads", "--max-sessions", "--max-session-minutes",
+@pytest.mark.parametrize("flag", ["--threads", "--max-sessions", "--max-session-minutes", "--gil-switch-ms",
                                   "--max-sessions-per-client"])
 def test_a_non_positive_number_names_one_flag(flag: str):
     line = one_line_error(run("serve", flag, "0"), "serve", f"{flag} must be positive")
