@@ -6,6 +6,7 @@ tail chunk embedding), one `finish_all` (the tails' transformer call) and each t
 each part (CUDA synchronized), and for the largest N a torch.profiler table by self CPU time and one by CUDA time.
 
   python3 benchmarks/profile_encoder.py --streams 1,16,64 --out $OUT/encoder.json --table $OUT/encoder_profile.txt
+  python3 benchmarks/profile_encoder.py --streams 1,16,64 --graphs   # and each commit through EncoderGraph
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from benchmarks.bench_pipeline import print_line, speech_like  # noqa: E402
 from models.qwen3_omni.audio_encoder import AudioEncoder  # noqa: E402
 from models.qwen3_omni.audio_stream import AudioStream, finish_all  # noqa: E402
 from models.qwen3_omni.config import AudioEncoderConfig  # noqa: E402
+from models.qwen3_omni.encoder_graph import EncoderGraph  # noqa: E402
 from models.qwen3_omni.tiny import FULL_CONFIG, tiny_config  # noqa: E402
 
 
@@ -47,12 +49,15 @@ def streams(enc: AudioEncoder, n: int, seconds: float) -> tuple[list[AudioStream
     return out, (time.perf_counter() - t0) * 1e3 / n
 
 
-def commit(enc: AudioEncoder, embed: torch.nn.Embedding, ss: list[AudioStream], sync) -> dict:
+def commit(enc: AudioEncoder, embed: torch.nn.Embedding, ss: list[AudioStream], sync,
+           graph: EncoderGraph | None = None, outs_seen: list | None = None) -> dict:
     t0 = time.perf_counter()
     tails = [s.finish_parts()[1] for s in ss]
     sync()
     t1 = time.perf_counter()
-    outs = finish_all(enc, tails)
+    outs = finish_all(enc, tails, graph)
+    if outs_seen is not None:
+        outs_seen.append(outs)
     sync()
     t2 = time.perf_counter()
     for o in outs:  # the prompt's embeddings with the audio in place, as merge_audio does (it counts on the host)
@@ -76,6 +81,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--out")
     ap.add_argument("--table", help="write the profiler tables of the largest N here")
+    ap.add_argument("--graphs", action="store_true",
+                    help="also each commit through EncoderGraph (CUDA graphs per window count on a GPU)")
     args = ap.parse_args()
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     cuda = args.device == "cuda"
@@ -86,10 +93,24 @@ def main() -> None:
     with torch.inference_mode():
         commit(enc, embed, streams(enc, 2, args.seconds)[0], sync)  # warm-up
         ns = [int(x) for x in args.streams.split(",")]
+        graph = None
+        if args.graphs:  # the same commits through EncoderGraph's CUDA graphs, and how far their outputs are
+            graph = EncoderGraph(enc, dtype, torch.device(args.device), graphs=cuda)
+            t0 = time.perf_counter()
+            graph.capture(None)
+            res["graph_capture_s"] = time.perf_counter() - t0
+            commit(enc, embed, streams(enc, 2, args.seconds)[0], sync, graph)
         for n in ns:
+            outs: list = []
             ss, push_ms = streams(enc, n, args.seconds)
-            res[f"N{n}"] = {"push_ms_per_stream": push_ms, **commit(enc, embed, ss, sync)}
-            print(n, {k: round(v, 2) for k, v in res[f"N{n}"].items()}, file=sys.stderr, flush=True)
+            res[f"N{n}"] = {"push_ms_per_stream": push_ms, **commit(enc, embed, ss, sync, None, outs)}
+            if graph is not None:
+                res[f"N{n}_graph"] = commit(enc, embed, streams(enc, n, args.seconds)[0], sync, graph, outs)
+                eager, fixed = torch.cat(outs[0]).float(), torch.cat(outs[1]).float()
+                res[f"N{n}_graph"]["rel_err"] = float((fixed - eager).norm() / eager.norm())
+            for key in (f"N{n}", f"N{n}_graph"):
+                if key in res:
+                    print(key, {k: round(v, 4) for k, v in res[key].items()}, file=sys.stderr, flush=True)
         if args.table:
             from torch.profiler import ProfilerActivity, profile
 

@@ -4,6 +4,8 @@ commit encodes only the tail."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from models.qwen3_omni.audio_encoder import AudioEncoder
 from models.qwen3_omni.audio_features import log_mel
 from models.qwen3_omni.audio_stream import AudioStream, finish_all
 from models.qwen3_omni.config import AudioEncoderConfig
+from models.qwen3_omni.encoder_graph import EncoderGraph
 from models.qwen3_omni.tiny import tiny_config
 
 torch.set_num_threads(1)
@@ -87,6 +90,26 @@ def test_streams_finished_together_equal_each_finished_alone(tower):
         torch.testing.assert_close(t, a, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(t, whole(tower, audio)[1], rtol=1e-5, atol=1e-5)
     assert streams[3].cached_windows == 2  # 16 s of it was final before the commit: only its tail ran together
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA graphs need a GPU"))])
+def test_the_fixed_shape_encoder_step_equals_the_packed_one(tower, device):
+    """EncoderGraph (the tails' transformer call on the window grid, padded to a window bucket; CUDA graphs on the
+    GPU) gives what the packed call gives, for tails of one to several windows, more than one bucket's worth too."""
+    tower = copy.deepcopy(tower).to(device)
+    graph = EncoderGraph(tower, torch.float32, torch.device(device), graphs=device == "cuda")
+    graph.capture(None)
+    w = graph.runner.spec["mask"].shape[0]
+    torch.manual_seed(1)
+    for frames in ([40], [100, 250, 37], [60] * 20, [800, 1600, 130] + [60] * 70):  # 1, 3, 20, 74 windows (>64: packed)
+        tokens = sum(int(tower.token_count(f)) for f in frames)
+        x = torch.randn(tokens, tower.cfg.d_model, device=device)
+        with torch.inference_mode():
+            packed = tower.transform(x, frames, graph.chunk_tokens)
+            fixed = graph(x, frames)
+        assert tower.windows(frames, graph.chunk_tokens, device)[1].shape[1] == w
+        torch.testing.assert_close(fixed, packed, rtol=1e-4, atol=1e-4)
 
 
 def test_final_parts_are_encoded_before_the_commit(tower):

@@ -42,18 +42,23 @@ class AudioAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=True)
         self.out_proj = nn.Linear(dim, dim, bias=True)
 
-    def forward(self, x: torch.Tensor, slots: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, slots: torch.Tensor | None, key_mask: torch.Tensor) -> torch.Tensor:
         """x: [N, dim] packed tokens; slots: [N] position of each token in the [W_n * W] window grid;
-        key_mask: [W_n, W] true where a grid cell holds a token."""
-        dim = x.shape[1]
+        key_mask: [W_n, W] true where a grid cell holds a token. With `slots` None, x is the grid [W_n, W, dim]."""
+        if slots is None:
+            return self.out_proj(self._attend(self.qkv(x), key_mask))
         nw, w = key_mask.shape
-        grid = x.new_zeros(nw * w, 3 * dim)
+        grid = x.new_zeros(nw * w, 3 * x.shape[1])
         grid[slots] = self.qkv(x)
-        q, k, v = grid.view(nw, w, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return self.out_proj(self._attend(grid.view(nw, w, -1), key_mask).flatten(0, 1)[slots])
+
+    def _attend(self, qkv: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        """[W_n, W, 3 * dim] -> [W_n, W, dim], each window's cells attending to its real tokens."""
+        nw, w = key_mask.shape
+        q, k, v = qkv.view(nw, w, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         with sdpa_kernel(NO_CUDNN):  # cuDNN plans each new window count anew: tens of ms (profile_encoder.py)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :])
-        out = out.transpose(1, 2).reshape(nw * w, dim)[slots]
-        return self.out_proj(out)
+        return out.transpose(1, 2).reshape(nw, w, self.heads * self.head_dim)
 
 
 class AudioEncoderLayer(nn.Module):
@@ -66,7 +71,7 @@ class AudioEncoderLayer(nn.Module):
         self.fc2 = nn.Linear(cfg.encoder_ffn_dim, d)
         self.final_layer_norm = nn.LayerNorm(d)
 
-    def forward(self, x: torch.Tensor, slots: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, slots: torch.Tensor | None, key_mask: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.self_attn_layer_norm(x), slots, key_mask)
         return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
 
@@ -109,10 +114,17 @@ class AudioEncoder(nn.Module):
     def transform(self, x: torch.Tensor, frames: list[int], chunk_tokens: int) -> torch.Tensor:
         """The transformer and output projection over packed chunk embeddings [N, d_model] of audios of
         `frames` mel frames each (attention windows restart at each audio's start)."""
-        slots, key_mask = self._windows(frames, chunk_tokens, x.device)
+        slots, key_mask = self.windows(frames, chunk_tokens, x.device)
         for layer in self.layers:
             x = layer(x, slots, key_mask)
         return self.proj2(F.gelu(self.proj1(self.ln_post(x))))
+
+    def transform_grid(self, grid: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+        """`transform` on the window grid [W_n, W, d_model] (what a fixed-shape step runs): [W_n, W, output_dim];
+        a cell key_mask leaves out is computed and not seen by the others."""
+        for layer in self.layers:
+            grid = layer(grid, None, key_mask)
+        return self.proj2(F.gelu(self.proj1(self.ln_post(grid))))
 
     def encode(
         self, features: torch.Tensor | Sequence[torch.Tensor], lengths: torch.Tensor | Sequence[int] | None = None
@@ -152,7 +164,7 @@ class AudioEncoder(nn.Module):
             self._positions[key] = sinusoids(length, self.cfg.d_model, device)
         return self._positions[key]
 
-    def _windows(self, frames: list[int], chunk_tokens: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def windows(self, frames: list[int], chunk_tokens: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Each packed token's slot in the [num_windows, W] grid of per-audio windows, and the grid's mask."""
         w = chunk_tokens * (self.cfg.n_window_infer // (2 * self.cfg.n_window))
         slots, fill = [], []

@@ -10,6 +10,7 @@ So `finish()` computes only the tail and returns what `log_mel` + the encoder gi
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -169,9 +170,11 @@ class Tail:
     frames: int
 
 
-def finish_all(tower: AudioEncoder, tails: list[Tail]) -> list[torch.Tensor]:
+def finish_all(tower: AudioEncoder, tails: list[Tail],
+               transform: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Each tail's whole encoder output; the tails' last part chunks are embedded in one call and what they still
-    need of the transformer runs in one call (attention windows restart at each audio, as alone)."""
+    need of the transformer runs in one call (attention windows restart at each audio, as alone): `transform`
+    (x, frames), by default `tower.transform`."""
     pieces = [t for t in tails if t.piece is not None]
     if pieces:
         embedded = tower.embed_chunks(torch.stack([t.piece for t in pieces]))
@@ -182,6 +185,7 @@ def finish_all(tower: AudioEncoder, tails: list[Tail]) -> list[torch.Tensor]:
     rest: list[torch.Tensor] = []
     if todo:
         chunk_tokens = int(tower.token_count(2 * tower.cfg.n_window))
-        x = tower.transform(torch.cat([x for x, _ in todo]), [f for _, f in todo], chunk_tokens)
+        run = transform or (lambda x, frames: tower.transform(x, frames, chunk_tokens))
+        x = run(torch.cat([x for x, _ in todo]), [f for _, f in todo])
         rest = list(x.split([x.shape[0] for x, _ in todo]))
     return [torch.cat(t.windows + ([rest.pop(0)] if x is not None else [])) for x, t in zip(open_, tails, strict=True)]

@@ -24,7 +24,7 @@ def default_stages(device: str, graphs: bool = False) -> tuple[StageConfig, ...]
         StageConfig("code2wav", device, max_batch=64, graphs=graphs),
         StageConfig("talker", device, max_batch=64, kv_blocks=2048, graphs=graphs, graph_context=4096),
         StageConfig("thinker", device, max_batch=64, kv_blocks=4096, graphs=graphs, graph_context=8192, overlap=True),
-        StageConfig("audio_encoder", device, max_batch=16),
+        StageConfig("audio_encoder", device, max_batch=16, graphs=graphs),
     )
 
 

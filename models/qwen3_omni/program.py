@@ -53,7 +53,7 @@ class Qwen3OmniProgram(StagedProgram):
         sc = cfg.stage
         with torch.inference_mode():
             self.steps = {
-                "audio_encoder": EncoderStep(model, self.device, self.dtype),
+                "audio_encoder": EncoderStep(model, self.device, self.dtype, sc("audio_encoder").graphs),
                 "thinker": ThinkerStep(model, self.dtype, tokenizer.vocab_size, caches["thinker"], sc("thinker")),
             }
             if model.talker is not None:

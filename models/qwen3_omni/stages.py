@@ -12,6 +12,7 @@ from pipelines.kv_cache import PagedKVCache
 
 from .audio_stream import AudioStream, Tail, finish_all
 from .conversation import TurnState
+from .encoder_graph import EncoderGraph
 from .model import Qwen3Omni
 
 
@@ -69,8 +70,13 @@ class TalkerWork(FrameWork):
 
 
 class EncoderStep:
-    def __init__(self, model: Qwen3Omni, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, model: Qwen3Omni, device: torch.device, dtype: torch.dtype, graphs: bool = False) -> None:
         self.model, self.device, self.dtype = model, device, dtype
+        tower = model.thinker.audio_tower
+        self.graph = EncoderGraph(tower, dtype, device, graphs) if graphs and device.type == "cuda" else None
+
+    def capture(self, pool: object | None) -> object | None:
+        return pool if self.graph is None else self.graph.capture(pool)
 
     def run(self, works: list[EncoderWork], lengths: list[int], prefill: bool) -> None:
         """Turns whose audios all last a chunk (one second) or more encode in one call, exactly as alone; one
@@ -79,7 +85,7 @@ class EncoderStep:
         tower = self.model.thinker.audio_tower
         ahead = [w for w in works if any(isinstance(f, AudioStream) for f in w.turn.audio_features)]
         tails = [self._tail(f) for w in ahead for f in w.turn.audio_features]
-        outs = finish_all(tower, tails)  # encoded as the audio arrived: the tails' last transformer call, shared
+        outs = finish_all(tower, tails, self.graph)  # encoded as the audio arrived: the tails' last call, shared
         for w in ahead:
             self._embed(w, torch.cat([outs.pop(0) for _ in w.turn.audio_features]))
         works = [w for w in works if w not in ahead]
