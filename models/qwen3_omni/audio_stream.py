@@ -152,7 +152,7 @@ class AudioStream:
         done = [e for e, _ in self.chunks[first:]]
         piece = None  # padded to a full chunk, as in the whole call
         if tail.shape[1]:
-            piece = F.pad(tail, (0, self.chunk - tail.shape[1])).to(self._device)
+            piece = F.pad(tail, (0, self.chunk - tail.shape[1])).to(self._device, non_blocking=True)
         rest = frames - first * self.chunk
         return Tail(list(self.windows), done, piece, int(self.tower.token_count(tail.shape[1])), rest)
 

@@ -91,11 +91,11 @@ class ThinkerStep:
         s.talker_done_upto = max(s.talker_done_upto, end)
         if lo >= end:
             return
-        ids = torch.tensor(s.ids[:end], device=self.device)
+        ids = torch.tensor(s.ids[:end])  # on the host: the mask's test is no sync in the middle of the step
         keep = user_mask(ids, cfg)[lo:]
         if keep.any():
-            local = torch.arange(lo - past, end - past, device=self.device)[keep]
-            audio = (ids[lo:] == cfg.thinker.audio_token_id)[keep]
+            local = torch.arange(lo - past, end - past)[keep].to(self.device, non_blocking=True)
+            audio = (ids[lo:] == cfg.thinker.audio_token_id)[keep].to(self.device, non_blocking=True)
             talker = self.model.talker
             rows = torch.where(audio[:, None], talker.project_hidden(captured[local]), talker.project_text(x[local]))
             s.talker_users.append(rows)
