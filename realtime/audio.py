@@ -112,9 +112,10 @@ class OutputEncoder:
 
 class InputStream:
     """One input buffer resampled to the model's `rate` as it arrives (`to_model_rate` streamed: what a commit holds),
-    and the model's encoding of it (`ahead`: Pipeline.audio_ahead(), or None). Calls come from one thread at a time.
-    Pieces are resampled and encoded BATCH_S at a time: per 20 ms append, the fixed cost of a dozen small tensor ops
-    on two audio threads could not keep up with 64 talking sessions (commits waited 15 s behind their appends)."""
+    and the model's encoding of it (`ahead`: Pipeline.audio_ahead(), or None). Appends are gathered on the session's
+    thread (`collect`, `rest`) and resampled and encoded BATCH_S at a time on the audio worker (`encode`, `take`,
+    one call at a time): per 20 ms append, a worker job and a dozen small tensor ops could not keep up with 64
+    talking sessions (commits waited 15 s behind their appends, and the jobs held the GIL the engine needs)."""
 
     BATCH_S = 0.5
 
@@ -122,27 +123,31 @@ class InputStream:
         self.fmt, self.ahead = fmt, ahead
         self._resampler = StreamResampler(fmt.rate, rate)
         self._pieces: list[torch.Tensor] = []
-        self._waiting: list[torch.Tensor] = []  # pushed, not yet resampled
+        self._waiting: list[torch.Tensor] = []  # collected, not yet handed to `encode`
         self._waiting_n = 0
-        self.batch = int(fmt.rate * self.BATCH_S)
+        self._batch = int(fmt.rate * self.BATCH_S)
 
-    def push(self, pcm: torch.Tensor) -> None:
+    def collect(self, pcm: torch.Tensor) -> torch.Tensor | None:
+        """Gather an append; once BATCH_S has gathered, all of it, for `encode`."""
         self._waiting.append(pcm)
         self._waiting_n += len(pcm)
-        if self._waiting_n >= self.batch:
-            self._flush()
+        return self.rest() if self._waiting_n >= self._batch else None
 
-    def _flush(self) -> None:
-        if self._waiting:
-            self._pieces.append(self._resampler.push(torch.cat(self._waiting)))
-            self._waiting.clear()
-            self._waiting_n = 0
-            self.ahead = _feed(self.ahead, self._pieces[-1])
+    def rest(self) -> torch.Tensor | None:
+        """What `collect` gathered and has not handed on (None: nothing)."""
+        if not self._waiting:
+            return None
+        pcm = torch.cat(self._waiting) if len(self._waiting) > 1 else self._waiting[0]
+        self._waiting, self._waiting_n = [], 0
+        return pcm
+
+    def encode(self, pcm: torch.Tensor) -> None:
+        self._pieces.append(self._resampler.push(pcm))
+        self.ahead = _feed(self.ahead, self._pieces[-1])
 
     def take(self, last: bool) -> tuple[torch.Tensor, AudioAhead | None]:
-        """The buffer so far at the model rate and its encoding (which `holds` it, or None). `last`: the buffer ends
-        here and the encoding is handed over; else a fork of it, and the buffer goes on."""
-        self._flush()
+        """The buffer encoded so far at the model rate and its encoding (which `holds` it, or None). `last`: the
+        buffer ends here and the encoding is handed over; else a fork of it, and the buffer goes on."""
         tail = self._resampler.tail()
         return torch.cat([*self._pieces, tail]), _feed(self.ahead, tail, fork=not last)
 

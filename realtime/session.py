@@ -82,7 +82,6 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
         self.buffer_bytes = 0
         self.input: InputStream | None = None  # the buffer at the model rate, as it arrives
         self._input_job: asyncio.Future | None = None  # the last of its work queued on the audio worker
-        self._input_waiting: list[torch.Tensor] = []  # appends not yet handed to the worker
         self.clock_ms = 0.0  # all input audio of the session (the VAD's and the protocol's time line)
         self.vad: ServerVad | None = None
         self.speech_item: str | None = None
@@ -238,7 +237,6 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
     def _clear_buffer(self, restart_vad: bool = False) -> None:
         self.buffer, self.buffer_ms, self.buffer_bytes = [], 0.0, 0
         self.input = self._input_job = None  # queued work on it ends on its own
-        self._input_waiting = []
         if restart_vad and self.vad is not None:
             self.vad.reset(int(self.clock_ms))
 
@@ -258,17 +256,9 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
             ahead = self.pipeline.audio_ahead() if self.limits.encode_ahead and not self.transcribing else None
             self.input = InputStream(fmt, self.pipeline.spec.input_rate, ahead)
         if self.input is not None and self.input.fmt != fmt:  # the format changed: resampled whole at the commit
-            self.input, self._input_waiting = None, []
-        if self.input is not None:  # the worker gets a batch at a time: a job per 20 ms append cost the GIL
-            self._input_waiting.append(pcm)
-            if sum(len(x) for x in self._input_waiting) >= self.input.batch:
-                self._flush_input()
-
-    def _flush_input(self) -> None:
-        if self.input is not None and self._input_waiting:
-            pcm = torch.cat(self._input_waiting) if len(self._input_waiting) > 1 else self._input_waiting[0]
-            self._input_job = self._after_input(self.input.push, pcm)
-        self._input_waiting = []
+            self.input = None
+        if self.input is not None and (batch := self.input.collect(pcm)) is not None:
+            self._input_job = self._after_input(self.input.encode, batch)
 
     def _after_input(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
         """`fn(*args)` on the audio worker once the input stream's queued work has run (a failure there fails this:
@@ -285,7 +275,8 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
     def _buffer_audio(self, last: bool) -> Awaitable[tuple[torch.Tensor, AudioAhead | None]]:
         """The input buffer as it is now at the model's input rate, and its encoding so far (InputStream.take)."""
         if self.input is not None:
-            self._flush_input()
+            if (rest := self.input.rest()) is not None:
+                self._input_job = self._after_input(self.input.encode, rest)
             self._input_job = self._after_input(self.input.take, last)
             return self._input_job
         buffer, fmt = list(self.buffer), self.input_format

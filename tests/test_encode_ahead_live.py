@@ -77,10 +77,10 @@ def test_input_stream_holds_what_it_hands_over(pipeline):
     x = pcm(speech_like(2.5, 24000, 7))
     stream = InputStream(AudioFormat(), 16000, pipeline.audio_ahead())
     for i in range(0, len(x), 2400):
-        stream.push(x[i : i + 2400])
+        feed(stream, x[i : i + 2400])
         if i == 24000:
-            early, fork = stream.take(last=False)
-    audio, ahead = stream.take(last=True)
+            early, fork = take(stream, last=False)
+    audio, ahead = take(stream, last=True)
     assert fork is not ahead and fork.holds(early) and ahead.holds(audio) and not ahead.holds(early)
     assert ahead.cached_chunks > fork.cached_chunks >= 1
     for a, enc in ((early, fork), (audio, ahead)):
@@ -99,13 +99,26 @@ def test_input_stream_encodes_half_a_second_at_a_time(pipeline):
     piece, batch = 480, int(24000 * InputStream.BATCH_S)
     seen = []
     for i in range(0, len(x), piece):
-        stream.push(x[i : i + piece])
+        feed(stream, x[i : i + piece])
         seen.append((i + piece, stream.ahead.n))
     assert all(n == 0 for pushed, n in seen if pushed < batch)
     assert {n for _, n in seen} == {0, *(n for pushed, n in seen if pushed >= batch)}
     assert len({n for _, n in seen}) == 1 + int(len(x) // batch)  # grew once per batch, not per push
-    audio, ahead = stream.take(last=True)
+    audio, ahead = take(stream, last=True)
     assert ahead.holds(audio) and abs(len(audio) - 1.2 * 16000) <= 2
+
+
+def feed(stream: InputStream, pcm: torch.Tensor) -> None:
+    """An append, as the session hands it on: gathered, and encoded once a batch has gathered."""
+    if (batch := stream.collect(pcm)) is not None:
+        stream.encode(batch)
+
+
+def take(stream: InputStream, last: bool) -> tuple[torch.Tensor, object]:
+    """What a commit (or a held turn) gets, as the session asks for it: the rest encoded, then taken."""
+    if (rest := stream.rest()) is not None:
+        stream.encode(rest)
+    return stream.take(last)
 
 
 def pcm(samples: np.ndarray) -> torch.Tensor:

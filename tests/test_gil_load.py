@@ -30,12 +30,12 @@ def pipeline():
 
 
 def test_20ms_appends_reach_the_audio_worker_half_a_second_at_a_time(pipeline, monkeypatch):
-    """65 appends of 20 ms: the input stream is pushed once per InputStream.BATCH_S and once with the rest at the
-    commit, every sample in order; the reply is the one a server without encode-ahead gives."""
+    """65 appends of 20 ms: the worker encodes the input stream once per InputStream.BATCH_S and once with the rest
+    at the commit, every sample in order; the reply is the one a server without encode-ahead gives."""
     question = speech_like(1.3, 24000, 4)
     pushed: list[int] = []
-    push = InputStream.push
-    monkeypatch.setattr(InputStream, "push", lambda self, pcm: (pushed.append(len(pcm)), push(self, pcm))[1])
+    encode = InputStream.encode
+    monkeypatch.setattr(InputStream, "encode", lambda self, pcm: (pushed.append(len(pcm)), encode(self, pcm))[1])
 
     async def ask(url: str) -> tuple[str, bytes]:
         async with client(url).realtime.connect(model="qwen3-omni") as conn:
