@@ -15,7 +15,7 @@ from torch import nn
 from models.common.code2wav import Code2Wav
 from models.common.fp8 import BLOCK, fp8_experts_
 from models.common.gpu_memory import check_fits
-from models.common.weights import checkpoint_block, random_weights_
+from models.common.weights import Rename, checkpoint_block, random_weights_
 from models.common.weights import load_weights as load_any
 
 from .config import OmniConfig
@@ -26,7 +26,14 @@ from .tiny import PRESETS
 log = logging.getLogger(__name__)
 VISION_PREFIX = "thinker.visual."
 SPEAKING = ("talker.", "code2wav.")  # what another model's voice replaces (load_model's `speaks` False)
-load_weights = partial(load_any, rename=lambda key: None if key.startswith(VISION_PREFIX) else key)
+
+
+def _skipping(*prefixes: str) -> Rename:
+    """A checkpoint rename that leaves out (never reads) the tensors under `prefixes`."""
+    return lambda key: None if key.startswith(prefixes) else key
+
+
+load_weights = partial(load_any, rename=_skipping(VISION_PREFIX))
 
 
 class Qwen3Omni(nn.Module):
@@ -60,8 +67,8 @@ def load_model(model: str | Path, device: torch.device | str = "cpu", dtype: tor
         if quantization or checkpoint_block(model) == BLOCK:
             fp8_experts_(net, empty=True)
         check_fits(net, device, dtype)
-        skip = VISION_PREFIX if speaks else (VISION_PREFIX, *SPEAKING)
-        load_any(net, model, device=device, dtype=dtype, rename=lambda key: None if key.startswith(skip) else key)
+        skip = (VISION_PREFIX,) if speaks else (VISION_PREFIX, *SPEAKING)
+        load_any(net, model, device=device, dtype=dtype, rename=_skipping(*skip))
     return _ready(net, model, device, dtype, start)
 
 
