@@ -98,6 +98,15 @@ class AudioEncoder(nn.Module):
     def token_count(self, frames: int | torch.Tensor) -> int | torch.Tensor:
         return audio_token_count(frames, self.cfg.n_window)
 
+    @property
+    def chunk_tokens(self) -> int:
+        """Tokens of a full chunk (2 * n_window mel frames)."""
+        return int(self.token_count(2 * self.cfg.n_window))
+
+    def window_tokens(self, chunk_tokens: int) -> int:
+        """Cells of an attention window (n_window_infer frames) of chunks of `chunk_tokens` tokens."""
+        return chunk_tokens * (self.cfg.n_window_infer // (2 * self.cfg.n_window))
+
     def forward(
         self, features: torch.Tensor | Sequence[torch.Tensor], lengths: torch.Tensor | Sequence[int] | None = None
     ) -> torch.Tensor:
@@ -166,7 +175,7 @@ class AudioEncoder(nn.Module):
 
     def windows(self, frames: list[int], chunk_tokens: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Each packed token's slot in the [num_windows, W] grid of per-audio windows, and the grid's mask."""
-        w = chunk_tokens * (self.cfg.n_window_infer // (2 * self.cfg.n_window))
+        w = self.window_tokens(chunk_tokens)
         slots, fill = [], []
         for n in frames:
             count = int(self.token_count(n))

@@ -34,7 +34,7 @@ class AudioStream:
     def __init__(self, tower: AudioEncoder) -> None:
         self.tower = tower
         self.chunk = 2 * tower.cfg.n_window
-        self.chunk_tokens = int(tower.token_count(self.chunk))
+        self.chunk_tokens = tower.chunk_tokens
         self.window_chunks = tower.cfg.n_window_infer // self.chunk
         self.buffer = torch.zeros(16000)  # the samples so far are buffer[:n]; it doubles when full
         self.n = 0
@@ -184,8 +184,7 @@ def finish_all(tower: AudioEncoder, tails: list[Tail],
     todo = [(x, t.frames) for x, t in zip(open_, tails, strict=True) if x is not None]
     rest: list[torch.Tensor] = []
     if todo:
-        chunk_tokens = int(tower.token_count(2 * tower.cfg.n_window))
-        run = transform or (lambda x, frames: tower.transform(x, frames, chunk_tokens))
+        run = transform or (lambda x, frames: tower.transform(x, frames, tower.chunk_tokens))
         x = run(torch.cat([x for x, _ in todo]), [f for _, f in todo])
         rest = list(x.split([x.shape[0] for x, _ in todo]))
     return [torch.cat(t.windows + ([rest.pop(0)] if x is not None else [])) for x, t in zip(open_, tails, strict=True)]

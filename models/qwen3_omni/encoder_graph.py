@@ -19,8 +19,8 @@ class EncoderGraph:
     def __init__(self, tower: AudioEncoder, dtype: torch.dtype, device: torch.device, graphs: bool) -> None:
         cfg = tower.cfg
         self.tower = tower
-        self.chunk_tokens = int(tower.token_count(2 * cfg.n_window))
-        w = self.chunk_tokens * (cfg.n_window_infer // (2 * cfg.n_window))
+        self.chunk_tokens = tower.chunk_tokens
+        w = tower.window_tokens(self.chunk_tokens)
         inputs = {"x": Input((w, cfg.d_model), dtype), "mask": Input((w,), torch.bool, True)}
         self.runner = GraphRunner("audio_encoder", lambda b: {"out": tower.transform_grid(b["x"], b["mask"])},
                                   inputs, device, BUCKETS, graphs)
