@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -38,6 +39,10 @@ class TurnHandle(Protocol):
 
     def urgency(self) -> float: ...
 
+    def mark(self, name: str) -> None:
+        """Note when the turn first reached milestone `name` (its TurnDone's timings carry it)."""
+        ...
+
     def finish(self, status: str) -> None: ...
 
     def fail(self, code: str, message: str) -> None: ...
@@ -63,6 +68,7 @@ class StagedProgram:
         self.held: dict[str, HeldTurn] = {}
         self.released = self.discarded = 0
         self.admission = Admission()
+        self.timings: deque[dict[str, float]] = deque(maxlen=4096)  # the last turns' TurnDone.timings
 
     # what a model writes
     def new_session(self, session_id: str) -> SessionHandle:
@@ -112,6 +118,8 @@ class StagedProgram:
         entry: HeldTurn | None = None
 
         def counted(event: Event) -> None:
+            if isinstance(event, TurnDone):
+                self.timings.append(event.timings)
             if isinstance(event, TurnDone | TurnError):
                 self.ended += 1
                 if entry is not None:
@@ -143,6 +151,7 @@ class StagedProgram:
         state.on_close = lambda: self._close(turn.turn_id)
 
         def register() -> None:
+            state.mark("admitted_ms")
             try:
                 for stage, work in works:
                     stage.add(work)

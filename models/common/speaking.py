@@ -32,6 +32,10 @@ class SpeakingState:
     held: bool = False  # started before the commit: runs behind committed work, events held back
     t_start: float = field(default_factory=time.perf_counter)
     t_first_audio: float | None = None
+    marks: dict[str, float] = field(default_factory=dict)  # when each milestone was first reached (timings)
+
+    def mark(self, name: str) -> None:
+        self.marks.setdefault(name, time.perf_counter())
 
     def emit(self, event: Event) -> None:
         if not self.finished:
@@ -49,6 +53,7 @@ class SpeakingState:
         if codes[0] == eos:
             self.talker_done = True
             return None
+        self.mark("first_frame_ms")
         self.codes.append(codes)
         self.frames_out.append(row)
         if len(self.codes) >= self.options.max_frames:
@@ -73,9 +78,9 @@ class SpeakingState:
             self.session.turn = None
         self.on_close()
 
-    def timings(self, now: float, **marks: float | None) -> dict[str, float]:
+    def timings(self, now: float) -> dict[str, float]:
         """total_ms, each mark's ms after the start, first_audio_ms, and rtf once there is audio."""
-        marks = {"total_ms": now, **marks, "first_audio_ms": self.t_first_audio}
+        marks = {"total_ms": now, **self.marks, "first_audio_ms": self.t_first_audio}
         out = {k: (t - self.t_start) * 1e3 for k, t in marks.items() if t is not None}
         if self.audio_samples:
             out["rtf"] = (now - self.t_start) / (self.audio_samples / self.rate)

@@ -76,7 +76,6 @@ class TurnState(SpeakingState):
     # talker side
     head_embeds: torch.Tensor | None = None  # thinker embeds of <|im_start|>assistant\n + reply token 0
     trailing: list[torch.Tensor] = field(default_factory=list)  # talker text rows for decode steps
-    t_first_text: float | None = None
 
     @property
     def reply_done(self) -> bool:
@@ -94,6 +93,7 @@ class TurnState(SpeakingState):
         self.session.embeds.append(embeds)
         self.session.replies[self.turn_id] = (len(self.session.ids), self.reply_ids)
         self.prompt_ready = True
+        self.mark("prompt_ms")
 
     def on_token(self, token: int, embed: torch.Tensor, projected: torch.Tensor | None) -> None:
         """A sampled reply token; `projected` is its talker text row (when speaking)."""
@@ -101,7 +101,7 @@ class TurnState(SpeakingState):
             token, embed = self.force(token, embed)
         first = not self.reply_ids
         if first:
-            self.t_first_text = time.perf_counter()
+            self.mark("first_text_ms")
         self.reply_ids.append(token)
         self.session.ids.append(token)
         self.session.embeds.append(embed[None])
@@ -131,7 +131,7 @@ class TurnState(SpeakingState):
     def finish(self, status: str) -> None:
         if self.finished:
             return
-        timings = self.timings(time.perf_counter(), first_text_ms=self.t_first_text)
+        timings = self.timings(time.perf_counter())
         tail = self.decoder.flush()
         if tail:
             self.emit(TextDelta(self.turn_id, tail, ()))
