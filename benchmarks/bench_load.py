@@ -59,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_pipeline import random_program, speech_like  # noqa: E402
 from models.common.gpu_memory import cap  # noqa: E402
 from pipelines.pipeline import Pipeline  # noqa: E402
+from pipelines.scheduler import URGENT_S  # noqa: E402
 from realtime.pcm import resample  # noqa: E402
 from realtime.server import Server, ServerConfig  # noqa: E402
 from realtime.session import Limits  # noqa: E402
@@ -320,11 +321,33 @@ def _clients_process(*run: object) -> list[list[Result]]:
 
 
 def engine(pipeline: Pipeline) -> dict:
-    """The engine's running totals: per stage (steps, rows, busy seconds), and the admission counters."""
+    """The engine's running totals: per stage (steps, rows, busy seconds), the admission counters, and the
+    milestones of the turns ended since the last call (StagedProgram.timings, taken)."""
     def read() -> dict:
+        timings = list(pipeline.program.timings)
+        pipeline.program.timings.clear()
         return {"stages": {s.name: (s.runner.steps, s.runner.rows, s.runner.busy_s) for s in pipeline.stages},
-                **pipeline.program.admission.counters()}
+                **pipeline.program.admission.counters(), "timings": timings}
     return pipeline.request(read).result(60)
+
+
+MILESTONES = ("admitted_ms", "prompt_ms", "first_text_ms", "first_frame_ms", "first_audio_ms")
+
+
+def milestone_gaps(timings: list[dict[str, float]]) -> dict[str, list[float]]:
+    """Where the engine's time to first audio went: per step from the turn's start to its first audio (admission,
+    the prompt's encoding, the first reply token, the first codec frame, its audio), p50 and p95 in ms."""
+    gaps: dict[str, list[float]] = {}
+    for t in timings:
+        if "first_audio_ms" not in t:
+            continue
+        last = 0.0
+        for name in MILESTONES:
+            if name in t:
+                gaps.setdefault(name.removesuffix("_ms"), []).append(t[name] - last)
+                last = t[name]
+        gaps.setdefault("engine_total", []).append(t["first_audio_ms"])
+    return {name: [round(pct(xs, 50), 1), round(pct(xs, 95), 1)] for name, xs in gaps.items()}
 
 
 def engine_delta(a: dict, b: dict) -> dict:
@@ -337,6 +360,7 @@ def engine_delta(a: dict, b: dict) -> dict:
         stages[name] = {"steps": n, "rows_per_step": round((rows - r0) / n, 2) if n else None,
                         "ms_per_step": round((busy - b0) * 1e3 / n, 2) if n else None}
     return {"stages": stages, "turns_waited": b["turns_waited"] - a["turns_waited"],
+            "milestone_ms_p50_p95": milestone_gaps(b["timings"]),
             "admission_wait_s": round(b["admission_wait_s"] - a["admission_wait_s"], 3)}
 
 
@@ -418,6 +442,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help=f"serve --gil-switch-ms (default {ServerConfig.gil_switch_ms}; Python's own: 5)")
     ap.add_argument("--clients-in-process", action="store_true",
                     help="run the clients in the server's process (as before 2026-12-02's third session), not a child")
+    ap.add_argument("--urgent-s", type=float, default=URGENT_S,
+                    help=f"a stream with less audio buffered holds its stage's prefills back (default {URGENT_S})")
     ap.add_argument("--no-encode-ahead", action="store_true",
                     help="serve --no-encode-ahead: the audio is encoded at the commit, not as it arrives")
     args = ap.parse_args(argv)
@@ -450,6 +476,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     header["gpu_memory_gib"] = args.gpu_memory_gib
     header["clients_in_process"] = args.clients_in_process
     header["gil_switch_ms"] = args.gil_switch_ms
+    header["urgent_s"] = args.urgent_s
+    for stage in program.stages:
+        stage.scheduler.urgent_s = args.urgent_s
     with Pipeline(program) as pipeline:
         pipeline.play_ahead_s = args.play_ahead_s
         lines = asyncio.run(run_levels(pipeline, args, levels, header))
