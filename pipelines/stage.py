@@ -91,19 +91,13 @@ class Stage:
 
     def launch(self, held: bool = False, ahead_s: float = 0.0) -> bool:
         """`step`, but an overlapping stage's decode is left running until `finish`. Its results reach the next
-        stages a round late, so it runs ahead of their playback (`ahead_s` does not hold it back). A prefill does
-        not take the streams' round: their decode runs after it."""
-        ahead_s = 0.0 if self.cfg.overlap else ahead_s
+        stages a round late, so it runs ahead of their playback (`ahead_s` does not hold it back)."""
         with self.on_stream():  # what the works compute as they are scheduled runs on the stage's stream too
-            batch = self.scheduler.schedule(held, ahead_s)
+            batch = self.scheduler.schedule(held, 0.0 if self.cfg.overlap else ahead_s)
             if batch is None:
                 return False
             with self._failing(batch):
                 finish = self.runner.run(batch)
-            if batch.prefill and (decode := self.scheduler.schedule(held, ahead_s, prefills=False)) is not None:
-                batch = decode
-                with self._failing(batch):
-                    finish = self.runner.run(batch)
         if finish is not None:
             self._unfinished = (finish, batch)
             if not self.cfg.overlap:

@@ -56,11 +56,11 @@ def test_thinker_keeps_only_text_lead_tokens_ahead_of_the_talker():
         s["thinker"].step()
     assert len(state.reply_ids) == TEXT_LEAD and not state.thinker_done
     assert not s["thinker"].step()  # nothing to run: it waits for the talker
-    for _ in range(1, 8):  # each frame read lets the thinker make one more token, and only one
-        assert s["talker"].step()  # the first step is the prefill and a decode: two frames
+    for frame in range(1, 8):  # each frame read lets the thinker make one more token, and only one
+        assert s["talker"].step()
         for _ in range(3):
             s["thinker"].step()
-        assert len(state.reply_ids) == TEXT_LEAD + len(state.codes)
+        assert len(state.reply_ids) == TEXT_LEAD + frame
     done = run_to_end(p, events)
     assert done.status in ("completed", "length") and len(done.codes) > 7
     p.program.end_session("a")
