@@ -53,6 +53,7 @@ class Scheduler:
         self.kv = kv
         self.max_batch = max_batch
         self.max_prefill_tokens = max_prefill_tokens
+        self.urgent_s = URGENT_S
         self.works: list[Work] = []
         self.evictions = 0  # idle caches dropped to make room
         self.preemptions = 0  # running works whose cache was dropped (recomputed later)
@@ -77,7 +78,7 @@ class Scheduler:
             return None
         decodes = sorted(((w, n) for w, n in ready if n == 1 and self._cached(w)), key=lambda x: x[0].urgency())
         prefills = sorted(((w, n) for w, n in ready if not (n == 1 and self._cached(w))), key=lambda x: x[0].urgency())
-        urgent = any(0 <= w.urgency() < URGENT_S for w, _ in decodes)
+        urgent = any(0 <= w.urgency() < self.urgent_s for w, _ in decodes)
         if prefills and not urgent:
             batch = self._admit_prefills(prefills)
             if batch is not None:
