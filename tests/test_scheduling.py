@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
 from models.common.speaking import TEXT_LEAD
@@ -219,6 +220,38 @@ def test_a_new_turn_is_encoded_beside_a_stream_near_dry_in_another_stage():
     run_to_end(p, second)
     assert second[-1].status in ("completed", "length")
     run_to_end(p, first)
+    for sid in ("a", "b"):
+        p.program.end_session(sid)
+
+
+def test_a_stream_near_dry_with_text_in_hand_does_not_hold_new_turns_thinker_prefills_back():
+    """Stream a is near dry, but its talker has unread reply tokens, a frame each: its thinker's next token is not
+    what a waits for, so a new turn's prefill takes the thinker's step (before, a's decode took it)."""
+    p, s, first = started("a", 13, GenerationOptions(greedy=True, max_text_tokens=60, max_frames=60))
+    a = p.program.sessions["a"].turn
+    until_first_audio(p, a)
+    thinker = next(w for stage, w in p.program.turns[a.turn_id][1] if stage is s["thinker"])
+    for _ in range(2 * TEXT_LEAD):  # the thinker writes until it is TEXT_LEAD tokens ahead of the talker
+        s["thinker"].step()
+    assert thinker.pending() == 0
+    s["talker"].step()  # the talker reads one: the thinker has one to write, TEXT_LEAD - 1 in hand
+    unread = thinker.speaker.unread(len(a.reply_ids))
+    assert thinker.pending() == 1 and unread >= TEXT_LEAD - 1
+    a.t_first_audio -= a.urgency() - (FED_S + URGENT_S) / 2  # as if the listener had played it down to this
+    assert 0 <= a.urgency() < URGENT_S
+    assert thinker.urgency() == pytest.approx(a.urgency() + unread * 0.08, abs=0.01)
+    second: list = []
+    with torch.inference_mode():
+        p.program.start_turn(turn("b", 1.0, 14), second.append)
+    b = p.program.sessions["b"].turn
+    s["audio_encoder"].step()
+    assert b.prompt_ready and not b.reply_ids
+    written = len(a.reply_ids)
+    assert s["thinker"].step()
+    assert len(b.reply_ids) == 1 and len(a.reply_ids) == written  # b's prefill ran, a's decode waits a step
+    run_to_end(p, second)
+    run_to_end(p, first)
+    assert first[-1].status in ("completed", "length") and second[-1].status in ("completed", "length")
     for sid in ("a", "b"):
         p.program.end_session(sid)
 

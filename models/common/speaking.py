@@ -100,9 +100,13 @@ class FrameWork(Work):
         self.next_embed: torch.Tensor | None = None  # codec part of the next input, once a frame is made
         self.steps = 0  # decode inputs appended; `slot`: its row of the stage's repetition-penalty state
 
+    def unread(self, written: int) -> int:
+        """How many of a writer's `written` reply tokens this stream has yet to read (its prompt holds token 0,
+        each later input one more)."""
+        return written - (self.steps + 1 if self.inputs.n else 0)
+
     def paces(self, written: int) -> bool:
         """Whether a writer with `written` reply tokens waits for this stream: it is TEXT_LEAD ahead of what this
-        stream has read (its prompt holds token 0, each later input one more), and the stream still reads."""
+        stream has read, and the stream still reads."""
         t = self.turn
-        read = self.steps + 1 if self.inputs.n else 0
-        return written - read >= TEXT_LEAD and t.speaking and not (t.talker_done or t.finished)
+        return self.unread(written) >= TEXT_LEAD and t.speaking and not (t.talker_done or t.finished)

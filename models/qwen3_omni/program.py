@@ -171,6 +171,7 @@ class Qwen3OmniProgram(StagedProgram):
             works.append((s["talker"], TalkerWork(state, s["talker"].kv, self.steps["talker"].prompt)))
             works.append((s["code2wav"], Code2WavWork(state)))
         thinker.speaker = next((w for _, w in works if isinstance(w, FrameWork)), None)
+        thinker.frame_s = self.spec.frame_ms / 1e3
         if not features:  # last: the session changes only once nothing else can fail
             ids = torch.tensor([state.prompt_ids], device=self.device)
             state.on_prompt_embeds(self.model.thinker.embed(ids)[0])

@@ -32,6 +32,15 @@ class ThinkerWork(Work):
         super().__init__(turn, turn.session.kv_key)
         self.kv = kv
         self.speaker: FrameWork | None = None  # the stream reading this reply: the thinker stays a few tokens ahead
+        self.frame_s = 0.0  # audio a reply token stands for: the speaker reads one a frame
+
+    def urgency(self) -> float:
+        """The listener's audio buffered and, once playing, the frames its unread tokens will make: a stream near
+        dry whose talker has text in hand does not need the thinker first (nor hold new turns' prefills back)."""
+        u = self.turn.urgency()
+        if self.speaker is None or not 0 <= u < float("inf"):
+            return u
+        return u + max(0, self.speaker.unread(len(self.turn.reply_ids))) * self.frame_s
 
     def pending(self) -> int:
         t = self.turn
