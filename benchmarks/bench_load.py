@@ -259,6 +259,9 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
     limits = Limits(max_text_tokens=args.text_tokens, max_frames=args.frames, encode_ahead=not args.no_encode_ahead)
     server = Server(pipeline, ServerConfig(max_sessions=max(levels) + 1, max_sessions_per_client=max(levels) + 1,
                                            limits=limits, gil_switch_ms=args.gil_switch_ms))
+    server_ttfa: list[float] = []  # the server's own time to first audio (its histogram's observations), seconds
+    observe = server.metrics.ttfa.observe
+    server.metrics.ttfa.observe = lambda s: (server_ttfa.append(s), observe(s))[-1]
     runner = web.AppRunner(server.app())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -287,10 +290,14 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
             if torch.cuda.is_available() and args.device.startswith("cuda"):
                 torch.cuda.reset_peak_memory_stats()
             before = engine(pipeline)
+            server_ttfa.clear()
             sessions = await clients(n, args.spread_s, args.turns, args.pause_s, args.timeout_s)
             line = {**header, "bench": "load", "audio_seconds": args.audio_seconds,
                     "text_tokens": args.text_tokens, "frames": args.frames, "spread_s": args.spread_s}
             line["engine"] = engine_delta(before, engine(pipeline))
+            if server_ttfa:  # from the commit's arrival to the first delta handed to the socket
+                ms = [x * 1e3 for x in server_ttfa]
+                line["server_ttfa_ms_p50_p95"] = [round(pct(ms, 50), 1), round(pct(ms, 95), 1)]
             if args.turns == 1:
                 line.update(summary([s[0] for s in sessions], args))
             else:
