@@ -67,6 +67,11 @@ class Metrics:
                               buckets=TTFA_BUCKETS_S, registry=self.registry)
         self.rtf = Histogram("omni_rtf", "Real-time factor of responses (generation time / audio time).",
                              buckets=RTF_BUCKETS, registry=self.registry)
+        self.milestones = Histogram("omni_turn_milestone_seconds",
+                                    "When an ended turn reached each milestone in the engine, seconds after it "
+                                    "started there: admitted, prompt (its input encoded), first_text, first_frame, "
+                                    "first_audio.",
+                                    ["milestone"], buckets=TTFA_BUCKETS_S, registry=self.registry)
         self.errors = Counter("omni_errors", "Errors sent to clients, by code.", ["code"], registry=self.registry)
         self._responses = Counter("omni_responses", "Responses ended, by status (completed, cancelled, incomplete, "
                                   "failed) and error code (failed ones; 'none' otherwise).", ["status", "code"],
@@ -74,6 +79,12 @@ class Metrics:
         self.registry.register(self)  # its `collect`: the families read from the live state
         for default in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):  # process_*, python_* families
             self.registry.register(default)
+
+    def turn_timings(self, timings: dict[str, float]) -> None:
+        """A TurnDone's timings (ms): each milestone into omni_turn_milestone_seconds."""
+        for name, ms in timings.items():
+            if name.endswith("_ms") and name != "total_ms":
+                self.milestones.labels(milestone=name.removesuffix("_ms")).observe(ms / 1e3)
 
     def response_done(self, status: str, error: dict | None) -> None:
         self._responses.labels(status=status, code=(error or {}).get("code") or "none").inc()

@@ -159,6 +159,7 @@ class Responding:
                 self.pipeline.end_session(turn.session_id)
             else:
                 self.sent.extend(i.id for i in response.items)
+            self.metrics.turn_timings(response.timings)
             if response.audio_samples:
                 self.metrics.rtf.observe((time.perf_counter() - start) / (response.audio_samples / response.rate))
             logs.response_done(self.config["id"], response)

@@ -42,6 +42,7 @@ class Response:
     items: list[Item] = field(default_factory=list)
     transcript: str = ""
     first_audio_s: float | None = None
+    timings: dict[str, float] = field(default_factory=dict)  # the engine's, from TurnDone (pipelines.types)
     audio_samples: int = 0
     cancel_reason: str | None = None
     on_audio_start: Callable[[float], None] | None = None
@@ -116,6 +117,7 @@ class Response:
                 self.audio_samples += len(pcm)
                 self._audio_delta(message, data)
             elif isinstance(event, TurnDone):
+                self.timings = event.timings
                 rest = stretch.flush() if stretch else np.zeros(0, np.float32)
                 self.audio_samples += len(rest) if message is not None else 0
                 tail = encoder.push(rest) + encoder.flush() if encoder else b""

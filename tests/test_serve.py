@@ -30,6 +30,7 @@ FAMILIES = {
     "omni_ready": "gauge", "omni_draining": "gauge", "omni_sessions_max": "gauge", "omni_sessions_free": "gauge",
     "omni_kv_conversations_free": "gauge",  # realtime/readiness.py
     "omni_turns_waiting": "gauge", "omni_turns_waited": "counter", "omni_admission_wait_seconds": "counter",
+    "omni_turn_milestone_seconds": "histogram",
 }
 
 
@@ -116,6 +117,9 @@ def test_metrics_parse_with_prometheus_client(served: Served):
     assert values[("omni_errors_total", (("code", "invalid_json"),))] >= 1
     assert values[("omni_sessions_opened_total", ())] >= 1 and values[("omni_sessions_open", ())] == 0
     assert values[("omni_time_to_first_audio_seconds_count", ())] >= 1
+    for milestone in ("admitted", "prompt", "first_text", "first_frame", "first_audio"):  # the engine's, per turn
+        assert values[("omni_turn_milestone_seconds_count", (("milestone", milestone),))] >= 1
+    assert values[("omni_turn_milestone_seconds_sum", (("milestone", "first_audio"),))] > 0
     assert values[("omni_rtf_count", ())] >= 1 and values[("omni_responses_active", ())] == 0
     assert sum(v for (name, _), v in values.items() if name == "omni_responses_total") >= 1  # responses ended
     assert values[("process_resident_memory_bytes", ())] > 0
