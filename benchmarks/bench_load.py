@@ -1,9 +1,10 @@
 """Concurrent sessions through the real WebSocket server: time to first audio, real-time factor, underruns.
 
 Each level runs N sessions against realtime.server.Server on loopback, served from this process on one Pipeline
-(random weights, built as bench_pipeline builds them). The clients run in a child process of their own, as real
-clients run elsewhere: in the server's process their asyncio work took the GIL from the engine thread
-(--clients-in-process: the way it was measured before 2026-12-02's third session). A session connects, sets
+(random weights, built as bench_pipeline builds them). The clients run in child processes of their own
+(--client-processes, 4), as real clients run elsewhere: in the server's process their asyncio work took the GIL
+from the engine thread (--clients-in-process: the way it was measured before 2026-12-02's third session), and one
+process alone lagged at 128 sessions. A session connects, sets
 manual turn detection and a 32-token system prompt, streams its question in real time as 20 ms appends (sessions
 start spread evenly over --spread-s), then commits and asks for a response.
 Reply lengths are capped by the server Limits.
@@ -273,16 +274,23 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
               for i in range(0, len(pcm), step)]
     system = " word" * args.system_tokens
     spawn = multiprocessing.get_context("spawn")
-    pool = None if args.clients_in_process else ProcessPoolExecutor(1, mp_context=spawn)
+    procs = args.client_processes
+    pool = None if args.clients_in_process else ProcessPoolExecutor(procs, mp_context=spawn)
 
     async def clients(n: int, spread_s: float, turns: int, pause_s: float, timeout_s: float) -> list[list[Result]]:
-        run = (url, chunks, system, n, spread_s, timeout_s, turns, pause_s)
+        run = (url, chunks, system, n, spread_s, timeout_s, turns, pause_s, time.time() + 0.1)
         if pool is None:
-            return await _clients(*run)
-        return await asyncio.get_running_loop().run_in_executor(pool, _clients_process, *run)
+            return await _clients(*run, range(n))
+        loop = asyncio.get_running_loop()
+        parts = [range(k, n, procs) for k in range(min(procs, n))]  # session i in process i % procs
+        done = await asyncio.gather(*(loop.run_in_executor(pool, _clients_process, *run, part) for part in parts))
+        return [done[i % procs][i // procs] for i in range(n)]
 
     lines = []
     try:
+        if pool is not None:  # every client process started (and its imports done) before any level's clock runs
+            await asyncio.gather(*(asyncio.get_running_loop().run_in_executor(pool, time.sleep, 1.0)
+                                   for _ in range(procs)))
         warm = (await clients(1, 0.0, 1, 0.0, args.timeout_s))[0][0]
         if warm.errors:
             raise RuntimeError(f"warm-up session failed: {warm.errors}")
@@ -316,11 +324,13 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
 
 
 async def _clients(url: str, chunks: list[str], system: str, n: int, spread_s: float, timeout_s: float, turns: int,
-                   pause_s: float) -> list[list[Result]]:
-    """A level's N sessions, their starts spread evenly over `spread_s`."""
+                   pause_s: float, start_at: float, which: range) -> list[list[Result]]:
+    """Sessions `which` of a level's N, session i starting i * spread_s / N after `start_at` (time.time(): one
+    clock for every client process)."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        return list(await asyncio.gather(*(session(http, url, chunks, system, i * spread_s / n, timeout_s, turns,
-                                                   pause_s) for i in range(n))))
+        return list(await asyncio.gather(*(session(http, url, chunks, system,
+                                                   max(0.0, start_at + i * spread_s / n - time.time()), timeout_s,
+                                                   turns, pause_s) for i in which)))
 
 
 def _clients_process(*run: object) -> list[list[Result]]:
@@ -449,6 +459,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help=f"serve --gil-switch-ms (default {ServerConfig.gil_switch_ms}; Python's own: 5)")
     ap.add_argument("--clients-in-process", action="store_true",
                     help="run the clients in the server's process (as before 2026-12-02's third session), not a child")
+    ap.add_argument("--client-processes", type=int, default=4,
+                    help="child processes the clients are spread over (default 4; one, as in 2026-12-02's third and "
+                         "fourth sessions, lagged: its appends ran up to 128 ms late at 128 sessions)")
     ap.add_argument("--urgent-s", type=float, default=URGENT_S,
                     help=f"a stream with less audio buffered holds its stage's prefills back (default {URGENT_S})")
     ap.add_argument("--no-encode-ahead", action="store_true",
@@ -463,6 +476,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.audio_seconds < 0.2 or args.spread_s < 0 or args.text_tokens < 1 or args.frames < 1:
         ap.error("need --audio-seconds >= 0.2 (the server's minimum commit is 100 ms), --spread-s >= 0, "
                  "--text-tokens >= 1, --frames >= 1")
+    if args.client_processes < 1:
+        ap.error("need --client-processes >= 1")
     if args.turns < 1 or args.pause_s < 0 or args.play_ahead_s < 0:
         ap.error("need --turns >= 1, --pause-s >= 0 and --play-ahead-s >= 0")
     if args.gpu_memory_gib is not None:
@@ -482,6 +497,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     header["encode_ahead"] = not args.no_encode_ahead
     header["gpu_memory_gib"] = args.gpu_memory_gib
     header["clients_in_process"] = args.clients_in_process
+    header["client_processes"] = 0 if args.clients_in_process else args.client_processes
     header["gil_switch_ms"] = args.gil_switch_ms
     header["urgent_s"] = args.urgent_s
     for stage in program.stages:
