@@ -42,7 +42,7 @@ def speak(text: str, speed: int = 165, voice: str = "en-us") -> np.ndarray:
     with tempfile.TemporaryDirectory() as tmp:
         raw, out = Path(tmp) / "raw.wav", Path(tmp) / "out.wav"
         subprocess.run(["espeak-ng", "-v", voice, "-s", str(speed), "-w", str(raw), text], check=True)
-        subprocess.run(["sox", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(out), "norm", "-3",
+        subprocess.run(["sox", "-R", str(raw), "-r", str(RATE), "-c", "1", "-b", "16", str(out), "norm", "-3",
                         "silence", "1", "0.02", "0.1%", "reverse", "silence", "1", "0.02", "0.1%", "reverse"],
                        check=True)
         audio, rate = sf.read(out, dtype="float32")
