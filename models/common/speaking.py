@@ -32,7 +32,7 @@ class SpeakingState:
     held: bool = False  # started before the commit: runs behind committed work, events held back
     t_start: float = field(default_factory=time.perf_counter)
     t_first_audio: float | None = None
-    marks: dict[str, float] = field(default_factory=dict)  # when each milestone was first reached (timings)
+    marks: dict[str, float] = field(default_factory=dict)  # timings key ("first_text_ms") -> when first reached
 
     def mark(self, name: str) -> None:
         self.marks.setdefault(name, time.perf_counter())
