@@ -369,7 +369,7 @@ def milestone_gaps(timings: list[dict[str, float]]) -> dict[str, list[float]]:
 
 def engine_delta(a: dict, b: dict) -> dict:
     """What one level did: per stage, batches run, mean rows per batch and mean ms per batch; turns that waited
-    at admission and how long in all."""
+    at admission and how long in all; where its turns' time to first audio went (milestone_gaps)."""
     stages = {}
     for name, (steps, rows, busy) in b["stages"].items():
         s0, r0, b0 = a["stages"][name]
@@ -476,8 +476,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.audio_seconds < 0.2 or args.spread_s < 0 or args.text_tokens < 1 or args.frames < 1:
         ap.error("need --audio-seconds >= 0.2 (the server's minimum commit is 100 ms), --spread-s >= 0, "
                  "--text-tokens >= 1, --frames >= 1")
-    if args.client_processes < 1:
-        ap.error("need --client-processes >= 1")
+    if args.client_processes < 1 or args.urgent_s < 0:
+        ap.error("need --client-processes >= 1 and --urgent-s >= 0")
     if args.turns < 1 or args.pause_s < 0 or args.play_ahead_s < 0:
         ap.error("need --turns >= 1, --pause-s >= 0 and --play-ahead-s >= 0")
     if args.gpu_memory_gib is not None:

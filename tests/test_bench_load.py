@@ -65,6 +65,12 @@ def test_conversations_of_two_turns_through_the_real_server(tmp_path: Path, caps
     assert all(v["steps"] > 0 and v["rows_per_step"] >= 1 and v["ms_per_step"] > 0 for v in stages.values())
     talker = stages["talker"]  # a row per frame, at least (rows_per_step is rounded to 0.01)
     assert talker["steps"] * (talker["rows_per_step"] + 0.005) >= 4 * 6
+    gaps = line["engine"]["milestone_ms_p50_p95"]  # where the engine's time to first audio went, 4 turns
+    assert set(gaps) == {"admitted", "prompt", "first_text", "first_frame", "first_audio", "engine_total"}
+    assert all(0 <= p50 <= p95 for p50, p95 in gaps.values())
+    server = line["server_ttfa_ms_p50_p95"]  # the server's own time: within the client's, more than the engine's
+    assert gaps["engine_total"][0] <= server[0] <= line["ttfa_ms_p50"] and server[0] <= server[1]
+    assert line["client_processes"] == 4  # two sessions: two of the four processes ran one each
     assert "first_turn_ttfa_ms_p95" in proc.err  # the human table
 
 
@@ -85,7 +91,8 @@ def test_player_counts_gaps_after_the_start_buffer() -> None:
 
 
 @pytest.mark.parametrize("bad", [["--sessions", "0"], ["--sessions", "4,x"], ["--audio-seconds", "0"],
-                                 ["--turns", "0"], ["--pause-s", "-1"]])
+                                 ["--turns", "0"], ["--pause-s", "-1"], ["--client-processes", "0"],
+                                 ["--urgent-s", "-0.1"]])
 def test_bad_flags_are_refused_before_building_a_model(bad: list[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--tiny", "--device", "cpu", *bad])
