@@ -261,8 +261,10 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
     server = Server(pipeline, ServerConfig(max_sessions=max(levels) + 1, max_sessions_per_client=max(levels) + 1,
                                            limits=limits, gil_switch_ms=args.gil_switch_ms))
     server_ttfa: list[float] = []  # the server's own time to first audio (its histogram's observations), seconds
-    observe = server.metrics.ttfa.observe
+    timings: list[dict[str, float]] = []  # each ended response's engine milestones (TurnDone.timings)
+    observe, record = server.metrics.ttfa.observe, server.metrics.turn_timings
     server.metrics.ttfa.observe = lambda s: (server_ttfa.append(s), observe(s))[-1]
+    server.metrics.turn_timings = lambda t: (timings.append(t), record(t))[-1]
     runner = web.AppRunner(server.app())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -299,10 +301,12 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
                 torch.cuda.reset_peak_memory_stats()
             before = engine(pipeline)
             server_ttfa.clear()
+            timings.clear()
             sessions = await clients(n, args.spread_s, args.turns, args.pause_s, args.timeout_s)
             line = {**header, "bench": "load", "audio_seconds": args.audio_seconds,
                     "text_tokens": args.text_tokens, "frames": args.frames, "spread_s": args.spread_s}
             line["engine"] = engine_delta(before, engine(pipeline))
+            line["engine"]["milestone_ms_p50_p95"] = milestone_gaps(timings)
             if server_ttfa:  # from the commit's arrival to the first delta handed to the socket
                 ms = [x * 1e3 for x in server_ttfa]
                 line["server_ttfa_ms_p50_p95"] = [round(pct(ms, 50), 1), round(pct(ms, 95), 1)]
@@ -338,13 +342,10 @@ def _clients_process(*run: object) -> list[list[Result]]:
 
 
 def engine(pipeline: Pipeline) -> dict:
-    """The engine's running totals: per stage (steps, rows, busy seconds), the admission counters, and the
-    milestones of the turns ended since the last call (StagedProgram.timings, taken)."""
+    """The engine's running totals: per stage (steps, rows, busy seconds), and the admission counters."""
     def read() -> dict:
-        timings = list(pipeline.program.timings)
-        pipeline.program.timings.clear()
         return {"stages": {s.name: (s.runner.steps, s.runner.rows, s.runner.busy_s) for s in pipeline.stages},
-                **pipeline.program.admission.counters(), "timings": timings}
+                **pipeline.program.admission.counters()}
     return pipeline.request(read).result(60)
 
 
@@ -369,7 +370,7 @@ def milestone_gaps(timings: list[dict[str, float]]) -> dict[str, list[float]]:
 
 def engine_delta(a: dict, b: dict) -> dict:
     """What one level did: per stage, batches run, mean rows per batch and mean ms per batch; turns that waited
-    at admission and how long in all; where its turns' time to first audio went (milestone_gaps)."""
+    at admission and how long in all."""
     stages = {}
     for name, (steps, rows, busy) in b["stages"].items():
         s0, r0, b0 = a["stages"][name]
@@ -377,7 +378,6 @@ def engine_delta(a: dict, b: dict) -> dict:
         stages[name] = {"steps": n, "rows_per_step": round((rows - r0) / n, 2) if n else None,
                         "ms_per_step": round((busy - b0) * 1e3 / n, 2) if n else None}
     return {"stages": stages, "turns_waited": b["turns_waited"] - a["turns_waited"],
-            "milestone_ms_p50_p95": milestone_gaps(b["timings"]),
             "admission_wait_s": round(b["admission_wait_s"] - a["admission_wait_s"], 3)}
 
 

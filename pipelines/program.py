@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -68,7 +67,6 @@ class StagedProgram:
         self.held: dict[str, HeldTurn] = {}
         self.released = self.discarded = 0
         self.admission = Admission()
-        self.timings: deque[dict[str, float]] = deque(maxlen=4096)  # the last turns' TurnDone.timings
 
     # what a model writes
     def new_session(self, session_id: str) -> SessionHandle:
@@ -118,8 +116,6 @@ class StagedProgram:
         entry: HeldTurn | None = None
 
         def counted(event: Event) -> None:
-            if isinstance(event, TurnDone):
-                self.timings.append(event.timings)
             if isinstance(event, TurnDone | TurnError):
                 self.ended += 1
                 if entry is not None:
