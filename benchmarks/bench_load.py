@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import dataclasses
 import itertools
 import json
 import math
@@ -59,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_pipeline import random_program, speech_like  # noqa: E402
 from models.common.gpu_memory import cap  # noqa: E402
+from pipelines.admission import FED_S  # noqa: E402
 from pipelines.pipeline import Pipeline  # noqa: E402
 from pipelines.scheduler import URGENT_S  # noqa: E402
 from realtime.pcm import resample  # noqa: E402
@@ -296,14 +298,15 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
         warm = (await clients(1, 0.0, 1, 0.0, args.timeout_s))[0][0]
         if warm.errors:
             raise RuntimeError(f"warm-up session failed: {warm.errors}")
-        for n in levels:
+        for i, n in enumerate(levels):
+            policy = pipeline.request(lambda i=i: set_policy(pipeline, args, i)).result(30)
             if torch.cuda.is_available() and args.device.startswith("cuda"):
                 torch.cuda.reset_peak_memory_stats()
             before = engine(pipeline)
             server_ttfa.clear()
             timings.clear()
             sessions = await clients(n, args.spread_s, args.turns, args.pause_s, args.timeout_s)
-            line = {**header, "bench": "load", "audio_seconds": args.audio_seconds,
+            line = {**header, **policy, "bench": "load", "audio_seconds": args.audio_seconds,
                     "text_tokens": args.text_tokens, "frames": args.frames, "spread_s": args.spread_s}
             line["engine"] = engine_delta(before, engine(pipeline))
             line["engine"]["milestone_ms_p50_p95"] = milestone_gaps(timings)
@@ -325,6 +328,32 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
             pool.shutdown()
         await runner.cleanup()
     return lines
+
+
+PREFILL_STAGES = ("thinker", "talker")  # the stages --decode-after-prefill turns on
+
+
+def set_policy(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict:
+    """The scheduling policy of the `level`-th level (the flags' lists cycle), set on the engine thread."""
+    urgent = args.urgent_s[level % len(args.urgent_s)]
+    after = args.decode_after_prefill[level % len(args.decode_after_prefill)]
+    fed = args.fed_s[level % len(args.fed_s)]
+    pipeline.program.admission.fed_s = fed
+    for stage in pipeline.stages:
+        stage.scheduler.urgent_s = urgent
+        if stage.name in PREFILL_STAGES:
+            stage.cfg = dataclasses.replace(stage.cfg, decode_after_prefill=after)
+    return {"urgent_s": urgent, "decode_after_prefill": after, "fed_s": fed}
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",")]
+
+
+def _flags(text: str) -> list[bool]:
+    if not set(text.split(",")) <= {"0", "1"}:
+        raise ValueError(text)
+    return [x == "1" for x in text.split(",")]
 
 
 async def _clients(url: str, chunks: list[str], system: str, n: int, spread_s: float, timeout_s: float, turns: int,
@@ -462,8 +491,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--client-processes", type=int, default=4,
                     help="child processes the clients are spread over (default 4; one, as in 2026-12-02's third and "
                          "fourth sessions, lagged: its appends ran up to 128 ms late at 128 sessions)")
-    ap.add_argument("--urgent-s", type=float, default=URGENT_S,
-                    help=f"a stream with less audio buffered holds its stage's prefills back (default {URGENT_S})")
+    ap.add_argument("--urgent-s", type=_floats, default=[URGENT_S],
+                    help=f"a stream with less audio buffered holds its stage's prefills back (default {URGENT_S}); "
+                         "a comma-separated list cycles over the levels (an A/B in one process)")
+    ap.add_argument("--decode-after-prefill", type=_flags, default=[False],
+                    help="1: the thinker's and talker's launches that prefill new turns also decode the playing "
+                         "streams (StageConfig.decode_after_prefill); 0 (default): not. A comma-separated list "
+                         "of 0/1 cycles over the levels, as --urgent-s does")
+    ap.add_argument("--fed-s", type=_floats, default=[FED_S],
+                    help=f"a new turn waits while a playing stream has less audio buffered (default {FED_S}; "
+                         "0: never); a comma-separated list cycles over the levels, as --urgent-s does")
     ap.add_argument("--no-encode-ahead", action="store_true",
                     help="serve --no-encode-ahead: the audio is encoded at the commit, not as it arrives")
     args = ap.parse_args(argv)
@@ -476,8 +513,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.audio_seconds < 0.2 or args.spread_s < 0 or args.text_tokens < 1 or args.frames < 1:
         ap.error("need --audio-seconds >= 0.2 (the server's minimum commit is 100 ms), --spread-s >= 0, "
                  "--text-tokens >= 1, --frames >= 1")
-    if args.client_processes < 1 or args.urgent_s < 0:
-        ap.error("need --client-processes >= 1 and --urgent-s >= 0")
+    if args.client_processes < 1 or min(args.urgent_s) < 0 or min(args.fed_s) < 0:
+        ap.error("need --client-processes >= 1, --urgent-s >= 0 and --fed-s >= 0")
     if args.turns < 1 or args.pause_s < 0 or args.play_ahead_s < 0:
         ap.error("need --turns >= 1, --pause-s >= 0 and --play-ahead-s >= 0")
     if args.gpu_memory_gib is not None:
@@ -499,9 +536,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     header["clients_in_process"] = args.clients_in_process
     header["client_processes"] = 0 if args.clients_in_process else args.client_processes
     header["gil_switch_ms"] = args.gil_switch_ms
-    header["urgent_s"] = args.urgent_s
-    for stage in program.stages:
-        stage.scheduler.urgent_s = args.urgent_s
     with Pipeline(program) as pipeline:
         pipeline.play_ahead_s = args.play_ahead_s
         lines = asyncio.run(run_levels(pipeline, args, levels, header))

@@ -67,9 +67,9 @@ class Scheduler:
         if self.kv is not None and not work.keep_kv:
             self.kv.release(work.key)
 
-    def schedule(self, held: bool = False, ahead_s: float = 0.0) -> Batch | None:
-        """The next batch of held or of committed works. `ahead_s` (0: off): a stream with more than that
-        buffered does not decode (its playback catches up; others get the rows)."""
+    def schedule(self, held: bool = False, ahead_s: float = 0.0, prefills: bool = True) -> Batch | None:
+        """The next batch of held or of committed works (`prefills` False: decodes only). `ahead_s` (0: off): a
+        stream with more than that buffered does not decode (its playback catches up; others get the rows)."""
         ready = [(w, n) for w in list(self.works) if w.held == held and (n := self._pending(w)) > 0]
         ready = [(w, n) for w, n in ready if w in self.works]  # a failed turn's other works left just now
         if ahead_s > 0:
@@ -77,10 +77,11 @@ class Scheduler:
         if not ready:
             return None
         decodes = sorted(((w, n) for w, n in ready if n == 1 and self._cached(w)), key=lambda x: x[0].urgency())
-        prefills = sorted(((w, n) for w, n in ready if not (n == 1 and self._cached(w))), key=lambda x: x[0].urgency())
+        waiting = sorted(((w, n) for w, n in ready if prefills and not (n == 1 and self._cached(w))),
+                         key=lambda x: x[0].urgency())
         urgent = any(0 <= w.urgency() < self.urgent_s for w, _ in decodes)
-        if prefills and not urgent:
-            batch = self._admit_prefills(prefills)
+        if waiting and not urgent:
+            batch = self._admit_prefills(waiting)
             if batch is not None:
                 return batch
         if decodes:

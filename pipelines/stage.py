@@ -27,6 +27,7 @@ class StageConfig:
     graphs: bool = False  # capture fixed-shape steps as CUDA graphs (CUDA only; eager otherwise)
     graph_context: int = 8192  # tokens a decode row may hold to run the fixed-shape step (longer: eager)
     overlap: bool = False  # its decode runs beside the later stages of the round, which see its results next round
+    decode_after_prefill: bool = False  # a launch that prefills new turns then decodes the streams (they keep a round)
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_prefill_tokens < 1 or self.kv_blocks < 0 or self.block_size < 1:
@@ -91,13 +92,21 @@ class Stage:
 
     def launch(self, held: bool = False, ahead_s: float = 0.0) -> bool:
         """`step`, but an overlapping stage's decode is left running until `finish`. Its results reach the next
-        stages a round late, so it runs ahead of their playback (`ahead_s` does not hold it back)."""
+        stages a round late, so it runs ahead of their playback (`ahead_s` does not hold it back). With
+        `decode_after_prefill` a prefill costs the playing streams its own time, not their turn in this round."""
+        ahead_s = 0.0 if self.cfg.overlap else ahead_s
         with self.on_stream():  # what the works compute as they are scheduled runs on the stage's stream too
-            batch = self.scheduler.schedule(held, 0.0 if self.cfg.overlap else ahead_s)
+            batch = self.scheduler.schedule(held, ahead_s)
             if batch is None:
                 return False
             with self._failing(batch):
                 finish = self.runner.run(batch)
+            if batch.prefill and self.cfg.decode_after_prefill:
+                decode = self.scheduler.schedule(held, ahead_s, prefills=False)
+                if decode is not None:
+                    batch = decode
+                    with self._failing(batch):
+                        finish = self.runner.run(batch)
         if finish is not None:
             self._unfinished = (finish, batch)
             if not self.cfg.overlap:

@@ -74,6 +74,16 @@ def test_conversations_of_two_turns_through_the_real_server(tmp_path: Path, caps
     assert "first_turn_ttfa_ms_p95" in proc.err  # the human table
 
 
+def test_the_policy_flags_cycle_over_the_levels(capsys: pytest.CaptureFixture) -> None:
+    lines = main(["--tiny", "--device", "cpu", "--sessions", "1,1,1", "--audio-seconds", "0.5", "--text-tokens", "2",
+                  "--frames", "3", "--timeout-s", "60", "--urgent-s", "0.25,0", "--decode-after-prefill", "1",
+                  "--fed-s", "0,0.1,0.2"])
+    policies = [(x["urgent_s"], x["decode_after_prefill"], x["fed_s"]) for x in lines]
+    assert policies == [(0.25, True, 0.0), (0.0, True, 0.1), (0.25, True, 0.2)]
+    assert all(x["errors"] == 0 and x["measured"] == 1 for x in lines)
+    assert "ttfa_ms_p95" in capsys.readouterr().err
+
+
 def test_player_counts_gaps_after_the_start_buffer() -> None:
     frame = 1920  # 80 ms at 24 kHz
     on_time = Player()
@@ -92,7 +102,8 @@ def test_player_counts_gaps_after_the_start_buffer() -> None:
 
 @pytest.mark.parametrize("bad", [["--sessions", "0"], ["--sessions", "4,x"], ["--audio-seconds", "0"],
                                  ["--turns", "0"], ["--pause-s", "-1"], ["--client-processes", "0"],
-                                 ["--urgent-s", "-0.1"]])
+                                 ["--urgent-s", "-0.1"], ["--urgent-s", "0.25,x"], ["--fed-s", "-1"],
+                                 ["--decode-after-prefill", "0,2"]])
 def test_bad_flags_are_refused_before_building_a_model(bad: list[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--tiny", "--device", "cpu", *bad])

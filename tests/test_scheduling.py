@@ -4,6 +4,7 @@ keeps its streams fed. The tiny model, stepped stage by stage on the test's thre
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -254,6 +255,42 @@ def test_a_stream_near_dry_with_text_in_hand_does_not_hold_new_turns_thinker_pre
     assert first[-1].status in ("completed", "length") and second[-1].status in ("completed", "length")
     for sid in ("a", "b"):
         p.program.end_session(sid)
+
+
+def talker_prefill_pending(p, s, session: str, seed: int) -> object:
+    """Start a turn in `session` and step the encoder and thinker until its talker has its prompt to prefill."""
+    with torch.inference_mode():
+        p.program.start_turn(turn(session, 1.0, seed), [].append)
+    state = p.program.sessions[session].turn
+    talker = next(w for stage, w in p.program.turns[state.turn_id][1] if stage is s["talker"])
+    for _ in range(10):
+        if talker.pending() > 1:
+            return state
+        s["audio_encoder"].step()
+        s["thinker"].step()
+    raise AssertionError("the new turn's talker never had its prompt")
+
+
+def test_decode_after_prefill_keeps_the_playing_streams_round():
+    """A talker launch that prefills a new turn: the playing stream a decodes in it only with decode_after_prefill
+    (without, a's frame waits for the next round)."""
+    p, s, first = started("a", 15, GenerationOptions(greedy=True, max_text_tokens=60, max_frames=60))
+    a = p.program.sessions["a"].turn
+    until_first_audio(p, a)
+    a.t_first_audio += 5.0  # far from dry: new prefills go first
+    for _ in range(2 * TEXT_LEAD):  # a's thinker writes its lead: a's talker has text for every round below
+        s["thinker"].step()
+    talker = s["talker"]
+    for session, seed, after in (("b", 16, False), ("c", 17, True)):
+        new = talker_prefill_pending(p, s, session, seed)
+        talker.cfg = dataclasses.replace(talker.cfg, decode_after_prefill=after)
+        frames = len(a.codes)
+        assert talker.step()
+        assert len(new.codes) >= 1 and len(a.codes) == frames + after
+    assert run_to_end(p, first).status in ("completed", "length")
+    for sid in ("a", "b", "c"):  # b's and c's turns are cancelled with their sessions
+        p.program.end_session(sid)
+    assert p.program.kv_check() == {"thinker": 0, "talker": 0}
 
 
 def test_with_play_ahead_s_a_stream_far_ahead_of_its_playback_waits():
