@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from models.common.code2wav_step import Code2WavWork
 from models.common.speaking import TEXT_LEAD
 from models.qwen3_omni.placement import PipelineConfig
 from models.qwen3_omni.program import build_pipeline
@@ -291,6 +293,20 @@ def test_decode_after_prefill_keeps_the_playing_streams_round():
     for sid in ("a", "b", "c"):  # b's and c's turns are cancelled with their sessions
         p.program.end_session(sid)
     assert p.program.kv_check() == {"thinker": 0, "talker": 0}
+
+
+def test_code2wav_decodes_a_stream_frames_behind_in_the_same_batch_as_the_others():
+    """A talker launch can make a stream two frames (its prefill, then its decode): Code2Wav still takes it in
+    its one batch of the round, a frame a row, instead of a batch of its own that waits behind urgent streams."""
+    frame = torch.zeros(16, dtype=torch.long)
+    turns = [SimpleNamespace(turn_id=k, frames_out=[frame] * n, finished=False, audio_done=False, talker_done=False,
+                             held=False, urgency=lambda u=u: u) for k, n, u in (("behind", 2, 0.3), ("near", 1, 0.05))]
+    sched = Scheduler(None, max_batch=8)
+    works = [Code2WavWork(t) for t in turns]
+    for w in works:
+        sched.add(w)
+    batch = sched.schedule()
+    assert not batch.prefill and batch.works == works[::-1] and batch.lengths == [1, 1]
 
 
 def test_with_play_ahead_s_a_stream_far_ahead_of_its_playback_waits():

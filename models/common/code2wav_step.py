@@ -43,10 +43,12 @@ class Code2WavWork(Work):
         self.pushed = 0  # frames decoded so far; `slot`: the stream's state in the decoder, from its first frame
 
     def pending(self) -> int:
+        """1 while a frame waits (or the end): a step decodes one frame a row, so a stream a frame behind is no
+        prefill; counted as one it would split every later step's batch in two, or wait behind the others'."""
         t = self.turn
         if t.finished or t.audio_done:
             return 0
-        return len(t.frames_out) or int(t.talker_done)
+        return int(bool(t.frames_out) or t.talker_done)
 
 
 class Code2WavStep:
