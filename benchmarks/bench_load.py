@@ -334,16 +334,25 @@ PREFILL_STAGES = ("thinker", "talker")  # the stages --decode-after-prefill turn
 
 
 def set_policy(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict:
-    """The scheduling policy of the `level`-th level (the flags' lists cycle), set on the engine thread."""
-    urgent = args.urgent_s[level % len(args.urgent_s)]
-    after = args.decode_after_prefill[level % len(args.decode_after_prefill)]
-    fed = args.fed_s[level % len(args.fed_s)]
-    pipeline.program.admission.fed_s = fed
-    for stage in pipeline.stages:
-        stage.scheduler.urgent_s = urgent
-        if stage.name in PREFILL_STAGES:
+    """The scheduling policy of the `level`-th level (each given flag's list cycles; the others keep the
+    server's), set on the engine thread; returns the talker's and admission's values as they now are."""
+    def pick(values: list | None) -> object:
+        return None if values is None else values[level % len(values)]
+
+    urgent, after, fed = pick(args.urgent_s), pick(args.decode_after_prefill), pick(args.fed_s)
+    program = pipeline.program
+    for stage in program.stages:
+        if after is not None and stage.name in PREFILL_STAGES:
             stage.cfg = dataclasses.replace(stage.cfg, decode_after_prefill=after)
-    return {"urgent_s": urgent, "decode_after_prefill": after, "fed_s": fed}
+        if urgent is not None:
+            stage.scheduler.urgent_s = urgent
+        elif after is not None and stage.name in PREFILL_STAGES:  # the stage's own gate for that launch
+            stage.scheduler.urgent_s = 0.0 if after else URGENT_S
+    if fed is not None:
+        program.admission.fed_s = fed
+    talker = program.by_name.get("talker") or program.by_name["thinker"]
+    return {"urgent_s": talker.scheduler.urgent_s, "decode_after_prefill": talker.cfg.decode_after_prefill,
+            "fed_s": program.admission.fed_s}
 
 
 def _floats(text: str) -> list[float]:
@@ -491,15 +500,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--client-processes", type=int, default=4,
                     help="child processes the clients are spread over (default 4; one, as in 2026-12-02's third and "
                          "fourth sessions, lagged: its appends ran up to 128 ms late at 128 sessions)")
-    ap.add_argument("--urgent-s", type=_floats, default=[URGENT_S],
-                    help=f"a stream with less audio buffered holds its stage's prefills back (default {URGENT_S}); "
-                         "a comma-separated list cycles over the levels (an A/B in one process)")
-    ap.add_argument("--decode-after-prefill", type=_flags, default=[False],
-                    help="1: the thinker's and talker's launches that prefill new turns also decode the playing "
-                         "streams (StageConfig.decode_after_prefill); 0 (default): not. A comma-separated list "
+    ap.add_argument("--urgent-s", type=_floats,
+                    help="a stream with less audio buffered holds its stage's prefills back (the server's: "
+                         f"{URGENT_S}, 0 in a stage with decode_after_prefill); a comma-separated list cycles over "
+                         "the levels (an A/B in one process)")
+    ap.add_argument("--decode-after-prefill", type=_flags,
+                    help="1 (the server's): the thinker's and talker's launches that prefill new turns also decode "
+                         "the playing streams (StageConfig.decode_after_prefill); 0: not. A comma-separated list "
                          "of 0/1 cycles over the levels, as --urgent-s does")
-    ap.add_argument("--fed-s", type=_floats, default=[FED_S],
-                    help=f"a new turn waits while a playing stream has less audio buffered (default {FED_S}; "
+    ap.add_argument("--fed-s", type=_floats,
+                    help=f"a new turn waits while a playing stream has less audio buffered (the server's: {FED_S}; "
                          "0: never); a comma-separated list cycles over the levels, as --urgent-s does")
     ap.add_argument("--no-encode-ahead", action="store_true",
                     help="serve --no-encode-ahead: the audio is encoded at the commit, not as it arrives")
@@ -513,7 +523,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.audio_seconds < 0.2 or args.spread_s < 0 or args.text_tokens < 1 or args.frames < 1:
         ap.error("need --audio-seconds >= 0.2 (the server's minimum commit is 100 ms), --spread-s >= 0, "
                  "--text-tokens >= 1, --frames >= 1")
-    if args.client_processes < 1 or min(args.urgent_s) < 0 or min(args.fed_s) < 0:
+    if args.client_processes < 1 or min(args.urgent_s or [0]) < 0 or min(args.fed_s or [0]) < 0:
         ap.error("need --client-processes >= 1, --urgent-s >= 0 and --fed-s >= 0")
     if args.turns < 1 or args.pause_s < 0 or args.play_ahead_s < 0:
         ap.error("need --turns >= 1, --pause-s >= 0 and --play-ahead-s >= 0")

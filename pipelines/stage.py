@@ -53,6 +53,8 @@ class Stage:
         self.cfg = cfg
         self.kv = kv
         self.scheduler = Scheduler(self.kv, cfg.max_batch, cfg.max_prefill_tokens)
+        if cfg.decode_after_prefill:
+            self.scheduler.urgent_s = 0.0  # a prefill no longer takes the streams' round: it need not wait for them
         self.runner = ModelRunner(model, self.kv, torch.device(cfg.device), cfg.name)
         cuda = torch.device(cfg.device).type == "cuda"
         self.stream = torch.cuda.Stream(torch.device(cfg.device)) if cuda else None

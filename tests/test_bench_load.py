@@ -36,6 +36,7 @@ def test_four_sessions_through_the_real_server(tmp_path: Path, capsys: pytest.Ca
                 "dtype", "size", "params_B"):
         assert key in line, key
     assert (line["size"], line["device"], line["dtype"]) == ("tiny", "cpu", "float32")
+    assert (line["decode_after_prefill"], line["urgent_s"], line["fed_s"]) == (True, 0.0, 0.1)  # the server's
     assert "ttfa_ms_p95" in proc.err  # the human table
 
 
@@ -80,6 +81,9 @@ def test_the_policy_flags_cycle_over_the_levels(capsys: pytest.CaptureFixture) -
                   "--fed-s", "0,0.1,0.2"])
     policies = [(x["urgent_s"], x["decode_after_prefill"], x["fed_s"]) for x in lines]
     assert policies == [(0.25, True, 0.0), (0.0, True, 0.1), (0.25, True, 0.2)]
+    lines = main(["--tiny", "--device", "cpu", "--sessions", "1", "--audio-seconds", "0.5", "--text-tokens", "2",
+                  "--frames", "3", "--timeout-s", "60", "--decode-after-prefill", "0"])
+    assert (lines[0]["urgent_s"], lines[0]["decode_after_prefill"]) == (0.25, False)  # the launch as before
     assert all(x["errors"] == 0 and x["measured"] == 1 for x in lines)
     assert "ttfa_ms_p95" in capsys.readouterr().err
 

@@ -60,11 +60,12 @@ def test_thinker_keeps_only_text_lead_tokens_ahead_of_the_talker():
         s["thinker"].step()
     assert len(state.reply_ids) == TEXT_LEAD and not state.thinker_done
     assert not s["thinker"].step()  # nothing to run: it waits for the talker
-    for frame in range(1, 8):  # each frame read lets the thinker make one more token, and only one
-        assert s["talker"].step()
+    for _ in range(7):  # each frame made reads a token and lets the thinker make one more, and only one (the
+        assert s["talker"].step()  # talker's first launch makes two: its prefill's frame, then its decode's)
         for _ in range(3):
             s["thinker"].step()
-        assert len(state.reply_ids) == TEXT_LEAD + frame
+        assert len(state.reply_ids) == TEXT_LEAD + len(state.codes)
+    assert len(state.codes) >= 7
     done = run_to_end(p, events)
     assert done.status in ("completed", "length") and len(done.codes) > 7
     p.program.end_session("a")
@@ -229,8 +230,11 @@ def test_a_new_turn_is_encoded_beside_a_stream_near_dry_in_another_stage():
 
 def test_a_stream_near_dry_with_text_in_hand_does_not_hold_new_turns_thinker_prefills_back():
     """Stream a is near dry, but its talker has unread reply tokens, a frame each: its thinker's next token is not
-    what a waits for, so a new turn's prefill takes the thinker's step (before, a's decode took it)."""
+    what a waits for, so a new turn's prefill takes the thinker's step (before, a's decode took it). The rule of a
+    thinker that holds prefills back for near-dry streams: one whose launch does not decode them after a prefill."""
     p, s, first = started("a", 13, GenerationOptions(greedy=True, max_text_tokens=60, max_frames=60))
+    s["thinker"].cfg = dataclasses.replace(s["thinker"].cfg, decode_after_prefill=False)
+    s["thinker"].scheduler.urgent_s = URGENT_S
     a = p.program.sessions["a"].turn
     until_first_audio(p, a)
     thinker = next(w for stage, w in p.program.turns[a.turn_id][1] if stage is s["thinker"])

@@ -22,8 +22,10 @@ TEXT_STAGES = STAGE_NAMES[:2]  # a checkpoint without a talker
 def default_stages(device: str, graphs: bool = False) -> tuple[StageConfig, ...]:
     return (
         StageConfig("code2wav", device, max_batch=64, graphs=graphs),
-        StageConfig("talker", device, max_batch=64, kv_blocks=2048, graphs=graphs, graph_context=4096),
-        StageConfig("thinker", device, max_batch=64, kv_blocks=4096, graphs=graphs, graph_context=8192, overlap=True),
+        StageConfig("talker", device, max_batch=64, kv_blocks=2048, graphs=graphs, graph_context=4096,
+                    decode_after_prefill=True),
+        StageConfig("thinker", device, max_batch=64, kv_blocks=4096, graphs=graphs, graph_context=8192, overlap=True,
+                    decode_after_prefill=True),
         StageConfig("audio_encoder", device, max_batch=16, graphs=graphs),
     )
 
