@@ -37,6 +37,10 @@ class AudioAhead(Protocol):
 
     def fork(self) -> AudioAhead: ...
 
+    def seal(self) -> None:
+        """No more audio comes: do now, on the calling thread, what the turn would do on the engine's."""
+        ...
+
 
 @dataclass(frozen=True)
 class Message:

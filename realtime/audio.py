@@ -149,18 +149,20 @@ class InputStream:
         """The buffer encoded so far at the model rate and its encoding (which `holds` it, or None). `last`: the
         buffer ends here and the encoding is handed over; else a fork of it, and the buffer goes on."""
         tail = self._resampler.tail()
-        return torch.cat([*self._pieces, tail]), _feed(self.ahead, tail, fork=not last)
+        return torch.cat([*self._pieces, tail]), _feed(self.ahead, tail, fork=not last, seal=True)
 
 
-def _feed(ahead: AudioAhead | None, x: torch.Tensor, fork: bool = False) -> AudioAhead | None:
-    """`ahead` (or a fork of it) with `x` pushed; None if that failed (encoding ahead is only a shortcut: the turn
-    then encodes its whole audio)."""
+def _feed(ahead: AudioAhead | None, x: torch.Tensor, fork: bool = False, seal: bool = False) -> AudioAhead | None:
+    """`ahead` (or a fork of it) with `x` pushed, and sealed (a turn's: no more audio); None if that failed
+    (encoding ahead is only a shortcut: the turn then encodes its whole audio)."""
     if ahead is None:
         return None
     try:
         ahead = ahead.fork() if fork else ahead
         if len(x):
             ahead.push(x)
+        if seal:
+            ahead.seal()
         return ahead
     except Exception:
         log.exception("encoding audio ahead failed; the turn encodes its whole audio")

@@ -112,6 +112,28 @@ def test_the_fixed_shape_encoder_step_equals_the_packed_one(tower, device):
         torch.testing.assert_close(fixed, packed, rtol=1e-4, atol=1e-4)
 
 
+def test_a_sealed_stream_hands_its_parts_over_once_and_equal_to_unsealed(tower):
+    """`seal` (the audio worker, at the commit) runs finish_parts; the encoder step's call then takes that result,
+    equal to a twin's computed then, and computes nothing (its inputs moved on: a recompute would show)."""
+    audio = speech(3.05, 6)
+    stream = AudioStream(tower)
+    for start in range(0, audio.numel(), 1600):
+        stream.push(audio[start : start + 1600])
+    twin = stream.fork()
+    stream.seal()
+    stream.raw = stream.raw[:, :0]  # what finish_parts would redo from is gone: only the sealed parts can answer
+    features, tail = stream.finish_parts()
+    want_features, want_tail = twin.finish_parts()
+    torch.testing.assert_close(features, want_features, rtol=0, atol=0)
+    with torch.inference_mode():
+        torch.testing.assert_close(finish_all(tower, [tail])[0], finish_all(tower, [want_tail])[0])
+    assert stream._sealed is None and twin._sealed is None  # used once; a fork never shares them
+    tiny = AudioStream(tower)
+    tiny.push(torch.zeros(100))
+    tiny.seal()  # too short for log-mel: nothing to do, and no error (the turn fails it with a clear message)
+    assert tiny._sealed is None
+
+
 def test_final_parts_are_encoded_before_the_commit(tower):
     audio = speech(20.0, 3)
     stream = AudioStream(tower)

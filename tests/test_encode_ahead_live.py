@@ -83,6 +83,7 @@ def test_input_stream_holds_what_it_hands_over(pipeline):
     audio, ahead = take(stream, last=True)
     assert fork is not ahead and fork.holds(early) and ahead.holds(audio) and not ahead.holds(early)
     assert ahead.cached_chunks > fork.cached_chunks >= 1
+    assert fork._sealed is not None and ahead._sealed is not None  # their commit's host work is done: finish takes it
     for a, enc in ((early, fork), (audio, ahead)):
         feats, mask = log_mel([a])
         feats = feats[0, :, : int(mask.sum())]
