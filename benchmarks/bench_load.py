@@ -60,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_pipeline import random_program, speech_like  # noqa: E402
 from models.common.gpu_memory import cap  # noqa: E402
+from models.qwen3_omni.audio_stream import AudioStream  # noqa: E402
 from pipelines.admission import FED_S  # noqa: E402
 from pipelines.pipeline import Pipeline  # noqa: E402
 from pipelines.scheduler import URGENT_S  # noqa: E402
@@ -331,6 +332,7 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
 
 
 PREFILL_STAGES = ("thinker", "talker")  # the stages --decode-after-prefill turns on
+SEAL = AudioStream.seal  # the commit's host encoding on the audio worker (--seal 0: on the engine thread)
 
 
 def set_policy(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict:
@@ -339,8 +341,10 @@ def set_policy(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict
     def pick(values: list | None) -> object:
         return None if values is None else values[level % len(values)]
 
-    urgent, after, fed = pick(args.urgent_s), pick(args.decode_after_prefill), pick(args.fed_s)
+    urgent, after, fed, seal = pick(args.urgent_s), pick(args.decode_after_prefill), pick(args.fed_s), pick(args.seal)
     program = pipeline.program
+    if seal is not None:  # the server is in this process: its audio workers call the class's seal
+        AudioStream.seal = SEAL if seal else lambda self: None
     for stage in program.stages:
         if after is not None and stage.name in PREFILL_STAGES:
             stage.cfg = dataclasses.replace(stage.cfg, decode_after_prefill=after)
@@ -352,7 +356,7 @@ def set_policy(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict
         program.admission.fed_s = fed
     talker = program.by_name.get("talker") or program.by_name["thinker"]
     return {"urgent_s": talker.scheduler.urgent_s, "decode_after_prefill": talker.cfg.decode_after_prefill,
-            "fed_s": program.admission.fed_s}
+            "fed_s": program.admission.fed_s, "seal": AudioStream.seal is SEAL}
 
 
 def _floats(text: str) -> list[float]:
@@ -508,6 +512,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="1 (the server's): the thinker's and talker's launches that prefill new turns also decode "
                          "the playing streams (StageConfig.decode_after_prefill); 0: not. A comma-separated list "
                          "of 0/1 cycles over the levels, as --urgent-s does")
+    ap.add_argument("--seal", type=_flags,
+                    help="1 (the server's): the audio worker runs the commit's host encoding as it hands the turn "
+                         "its audio (AudioAhead.seal); 0: the engine's encoder step runs it, as before. A "
+                         "comma-separated list of 0/1 cycles over the levels, as --urgent-s does")
     ap.add_argument("--fed-s", type=_floats,
                     help=f"a new turn waits while a playing stream has less audio buffered (the server's: {FED_S}; "
                          "0: never); a comma-separated list cycles over the levels, as --urgent-s does")
@@ -546,9 +554,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     header["clients_in_process"] = args.clients_in_process
     header["client_processes"] = 0 if args.clients_in_process else args.client_processes
     header["gil_switch_ms"] = args.gil_switch_ms
-    with Pipeline(program) as pipeline:
-        pipeline.play_ahead_s = args.play_ahead_s
-        lines = asyncio.run(run_levels(pipeline, args, levels, header))
+    try:
+        with Pipeline(program) as pipeline:
+            pipeline.play_ahead_s = args.play_ahead_s
+            lines = asyncio.run(run_levels(pipeline, args, levels, header))
+    finally:
+        AudioStream.seal = SEAL  # --seal 0 switched it off for this process's server only
     print(table(lines), file=sys.stderr)
     return lines
 

@@ -71,7 +71,7 @@ class AudioStream:
         the turn's encoder step to take. Its host work (~1.75 ms a stream on the H200 box) otherwise runs on the
         engine thread, in the round every playing stream waits on."""
         if self.n > N_FFT // 2:
-            self._sealed = None
+            self._sealed = None  # computed afresh, not an earlier seal's
             self._sealed = (self.n, *self.finish_parts())
 
     def finish_parts(self) -> tuple[torch.Tensor, Tail]:
