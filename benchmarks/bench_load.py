@@ -516,6 +516,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="1 (the server's): the audio worker runs the commit's host encoding as it hands the turn "
                          "its audio (AudioAhead.seal); 0: the engine's encoder step runs it, as before. A "
                          "comma-separated list of 0/1 cycles over the levels, as --urgent-s does")
+    ap.add_argument("--stream-batch", type=int,
+                    help="the talker's and Code2Wav's most rows a step (the server's: 64); more captures a bucket "
+                         "of that size, so no playing stream waits a round for a row")
     ap.add_argument("--fed-s", type=_floats,
                     help=f"a new turn waits while a playing stream has less audio buffered (the server's: {FED_S}; "
                          "0: never); a comma-separated list cycles over the levels, as --urgent-s does")
@@ -531,8 +534,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.audio_seconds < 0.2 or args.spread_s < 0 or args.text_tokens < 1 or args.frames < 1:
         ap.error("need --audio-seconds >= 0.2 (the server's minimum commit is 100 ms), --spread-s >= 0, "
                  "--text-tokens >= 1, --frames >= 1")
-    if args.client_processes < 1 or min(args.urgent_s or [0]) < 0 or min(args.fed_s or [0]) < 0:
-        ap.error("need --client-processes >= 1, --urgent-s >= 0 and --fed-s >= 0")
+    if args.client_processes < 1 or min(args.urgent_s or [0]) < 0 or min(args.fed_s or [0]) < 0 or \
+            (args.stream_batch is not None and args.stream_batch < 1):
+        ap.error("need --client-processes >= 1, --urgent-s >= 0, --fed-s >= 0 and --stream-batch >= 1")
     if args.turns < 1 or args.pause_s < 0 or args.play_ahead_s < 0:
         ap.error("need --turns >= 1, --pause-s >= 0 and --play-ahead-s >= 0")
     if args.gpu_memory_gib is not None:
@@ -544,8 +548,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         tiny = args.tiny and args.voice_model == "random"
         voice = random_voice(args.device, args.dtype) if args.voice_model == "random" and not args.tiny \
             else build_voice("tiny-tts" if tiny else args.voice_model, args.device, args.dtype)
+    streams = {"max_batch": args.stream_batch} if args.stream_batch else {}
     header, program = random_program(args.tiny, args.device, args.dtype, voice, args.quantization,
-                                     thinker={"overlap": not args.no_overlap})
+                                     thinker={"overlap": not args.no_overlap}, talker=streams, code2wav=streams)
+    header["stream_batch"] = program.by_name["code2wav"].cfg.max_batch if "code2wav" in program.by_name else None
     header["thinker_overlap"] = not args.no_overlap
     header["voice_model"] = "tiny-tts" if args.voice_model and tiny else args.voice_model or "qwen3-omni talker"
     header["play_ahead_s"] = args.play_ahead_s
