@@ -348,10 +348,7 @@ def set_policy(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict
     for stage in program.stages:
         if after is not None and stage.name in PREFILL_STAGES:
             stage.cfg = dataclasses.replace(stage.cfg, decode_after_prefill=after)
-        if urgent is not None:
-            stage.scheduler.urgent_s = urgent
-        elif after is not None and stage.name in PREFILL_STAGES:  # the stage's own gate for that launch
-            stage.scheduler.urgent_s = 0.0 if after else URGENT_S
+        stage.scheduler.urgent_s = stage.cfg.urgent_s if urgent is None else urgent
     if fed is not None:
         program.admission.fed_s = fed
     talker = program.by_name.get("talker") or program.by_name["thinker"]

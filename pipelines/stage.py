@@ -11,7 +11,7 @@ import torch
 from .graphs import BUCKETS
 from .kv_cache import PagedKVCache
 from .model_runner import ModelRunner, StepModel
-from .scheduler import Batch, Scheduler, Work
+from .scheduler import URGENT_S, Batch, Scheduler, Work
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,11 @@ class StageConfig:
     graph_context: int = 8192  # tokens a decode row may hold to run the fixed-shape step (longer: eager)
     overlap: bool = False  # its decode runs beside the later stages of the round, which see its results next round
     decode_after_prefill: bool = False  # a launch that prefills new turns then decodes the streams (they keep a round)
+
+    @property
+    def urgent_s(self) -> float:
+        """Its scheduler's prefill gate: none when a prefill no longer takes the streams' round."""
+        return 0.0 if self.decode_after_prefill else URGENT_S
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_prefill_tokens < 1 or self.kv_blocks < 0 or self.block_size < 1:
@@ -53,8 +58,7 @@ class Stage:
         self.cfg = cfg
         self.kv = kv
         self.scheduler = Scheduler(self.kv, cfg.max_batch, cfg.max_prefill_tokens)
-        if cfg.decode_after_prefill:
-            self.scheduler.urgent_s = 0.0  # a prefill no longer takes the streams' round: it need not wait for them
+        self.scheduler.urgent_s = cfg.urgent_s
         self.runner = ModelRunner(model, self.kv, torch.device(cfg.device), cfg.name)
         cuda = torch.device(cfg.device).type == "cuda"
         self.stream = torch.cuda.Stream(torch.device(cfg.device)) if cuda else None

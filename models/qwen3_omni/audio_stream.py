@@ -71,8 +71,7 @@ class AudioStream:
         the turn's encoder step to take. Its host work (~1.75 ms a stream on the H200 box) otherwise runs on the
         engine thread, in the round every playing stream waits on."""
         if self.n > N_FFT // 2:
-            self._sealed = None  # computed afresh, not an earlier seal's
-            self._sealed = (self.n, *self.finish_parts())
+            self._sealed = (self.n, *self._finish_parts())
 
     def finish_parts(self) -> tuple[torch.Tensor, Tail]:
         """`finish` less its last transformer call, which `finish_all` runs for several streams at once:
@@ -81,6 +80,9 @@ class AudioStream:
         sealed, self._sealed = self._sealed, None
         if sealed is not None and sealed[0] == self.n:
             return sealed[1], sealed[2]
+        return self._finish_parts()
+
+    def _finish_parts(self) -> tuple[torch.Tensor, Tail]:
         if self.n <= N_FFT // 2:
             raise ValueError(f"audio has {self.n} samples; log-mel needs more than {N_FFT // 2}")
         with torch.inference_mode():
