@@ -265,8 +265,11 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
                                            limits=limits, gil_switch_ms=args.gil_switch_ms))
     server_ttfa: list[float] = []  # the server's own time to first audio (its histogram's observations), seconds
     timings: list[dict[str, float]] = []  # each ended response's engine milestones (TurnDone.timings)
+    commit_input: list[float] = []  # from each commit to its audio encoded (omni_commit_input_seconds), seconds
     observe, record = server.metrics.ttfa.observe, server.metrics.turn_timings
+    observe_input = server.metrics.commit_input.observe
     server.metrics.ttfa.observe = lambda s: (server_ttfa.append(s), observe(s))[-1]
+    server.metrics.commit_input.observe = lambda s: (commit_input.append(s), observe_input(s))[-1]
     server.metrics.turn_timings = lambda t: (timings.append(t), record(t))[-1]
     runner = web.AppRunner(server.app())
     await runner.setup()
@@ -305,6 +308,7 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
                 torch.cuda.reset_peak_memory_stats()
             before = engine(pipeline)
             server_ttfa.clear()
+            commit_input.clear()
             timings.clear()
             sessions = await clients(n, args.spread_s, args.turns, args.pause_s, args.timeout_s)
             line = {**header, **policy, "bench": "load", "audio_seconds": args.audio_seconds,
@@ -314,6 +318,9 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
             if server_ttfa:  # from the commit's arrival to the first delta handed to the socket
                 ms = [x * 1e3 for x in server_ttfa]
                 line["server_ttfa_ms_p50_p95"] = [round(pct(ms, 50), 1), round(pct(ms, 95), 1)]
+            if commit_input:  # its first part: the commit's audio resampled and encoded on an audio worker
+                ms = [x * 1e3 for x in commit_input]
+                line["commit_input_ms_p50_p95"] = [round(pct(ms, 50), 1), round(pct(ms, 95), 1)]
             if args.turns == 1:
                 line.update(summary([s[0] for s in sessions], args))
             else:

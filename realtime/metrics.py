@@ -65,6 +65,10 @@ class Metrics:
         self.ttfa = Histogram("omni_time_to_first_audio_seconds",
                               "From the end of the user's turn (commit, or response.create) to the first audio delta.",
                               buckets=TTFA_BUCKETS_S, registry=self.registry)
+        self.commit_input = Histogram("omni_commit_input_seconds",
+                                      "From a commit to its audio handed to the conversation (the rest of the buffer "
+                                      "resampled and encoded on an audio worker); part of the time to first audio.",
+                                      buckets=TTFA_BUCKETS_S, registry=self.registry)
         self.rtf = Histogram("omni_rtf", "Real-time factor of responses (generation time / audio time).",
                              buckets=RTF_BUCKETS, registry=self.registry)
         self.milestones = Histogram("omni_turn_milestone_seconds",

@@ -212,12 +212,14 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
         if self.buffer_ms < MIN_COMMIT_MS:
             self._clear_buffer()
             return False
+        arrived = time.perf_counter()  # the user's turn ends: the clock of the time to first audio starts
         item = self._held_item(item_id)  # made from this very buffer at EndLikely
         audio = self._buffer_audio(last=True) if item is None else None
         self._clear_buffer()
         if item is None:
             item = user_audio_item(item_id, *await audio)
-        self.committed_at = time.perf_counter()
+        self.committed_at = arrived
+        self.metrics.commit_input.observe(time.perf_counter() - arrived)
         for old in self.conversation.items:  # only the newest item's audio waits encoded ahead
             old.ahead = None
         prev = self.conversation.insert(item)

@@ -72,6 +72,8 @@ def test_conversations_of_two_turns_through_the_real_server(tmp_path: Path, caps
     assert all(0 <= p50 <= p95 for p50, p95 in gaps.values())
     server = line["server_ttfa_ms_p50_p95"]  # the server's own time: within the client's, more than the engine's
     assert gaps["engine_total"][0] <= server[0] <= line["ttfa_ms_p50"] and server[0] <= server[1]
+    commit = line["commit_input_ms_p50_p95"]  # the server's first part: the commit's audio resampled and encoded
+    assert 0 < commit[0] <= commit[1] and commit[0] < server[0]
     assert line["client_processes"] == 4  # two sessions: two of the four processes ran one each
     assert "first_turn_ttfa_ms_p95" in proc.err  # the human table
 

@@ -30,7 +30,7 @@ FAMILIES = {
     "omni_ready": "gauge", "omni_draining": "gauge", "omni_sessions_max": "gauge", "omni_sessions_free": "gauge",
     "omni_kv_conversations_free": "gauge",  # realtime/readiness.py
     "omni_turns_waiting": "gauge", "omni_turns_waited": "counter", "omni_admission_wait_seconds": "counter",
-    "omni_turn_milestone_seconds": "histogram",
+    "omni_turn_milestone_seconds": "histogram", "omni_commit_input_seconds": "histogram",
 }
 
 
