@@ -295,7 +295,6 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
         return [done[i % procs][i // procs] for i in range(n)]
 
     lines = []
-    lane = server.commit_audio
     try:
         if pool is not None:  # every client process started (and its imports done) before any level's clock runs
             await asyncio.gather(*(asyncio.get_running_loop().run_in_executor(pool, time.sleep, 1.0)
@@ -305,9 +304,6 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
             raise RuntimeError(f"warm-up session failed: {warm.errors}")
         for i, n in enumerate(levels):
             policy = pipeline.request(lambda i=i: set_policy(pipeline, args, i)).result(30)
-            if args.commit_lane is not None:  # off: a commit's audio queues on the sessions' audio workers
-                server.commit_audio = lane if args.commit_lane[i % len(args.commit_lane)] else None
-            policy["commit_lane"] = server.commit_audio is not None
             if torch.cuda.is_available() and args.device.startswith("cuda"):
                 torch.cuda.reset_peak_memory_stats()
             before = engine(pipeline)
@@ -338,7 +334,6 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
     finally:
         if pool is not None:
             pool.shutdown()
-        server.commit_audio = lane
         await runner.cleanup()
     return lines
 
@@ -525,10 +520,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="1 (the server's): the audio worker runs the commit's host encoding as it hands the turn "
                          "its audio (AudioAhead.seal); 0: the engine's encoder step runs it, as before. A "
                          "comma-separated list of 0/1 cycles over the levels, as --urgent-s does")
-    ap.add_argument("--commit-lane", type=_flags,
-                    help="1 (the server's): a commit's audio is encoded on a worker of its own; 0: on the "
-                         "sessions' audio workers, behind their queue. A comma-separated list of 0/1 cycles over "
-                         "the levels, as --urgent-s does")
     ap.add_argument("--stream-batch", type=int,
                     help="the talker's and Code2Wav's most rows a step (the server's: 64); more captures a bucket "
                          "of that size, so no playing stream waits a round for a row")

@@ -4,8 +4,6 @@ the streaming input resampler, output encoder and time stretch."""
 from __future__ import annotations
 
 import logging
-import threading
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -115,11 +113,9 @@ class OutputEncoder:
 class InputStream:
     """One input buffer resampled to the model's `rate` as it arrives (`to_model_rate` streamed: what a commit holds),
     and the model's encoding of it (`ahead`: Pipeline.audio_ahead(), or None). Appends are gathered on the session's
-    thread (`collect`) and resampled and encoded about BATCH_S at a time on an audio worker (`drain`): per 20 ms
-    append, a worker job and a dozen small tensor ops could not keep up with 64 talking sessions (commits waited 15 s
-    behind their appends, and the jobs held the GIL the engine needs). Each `drain` and `take` encodes all that has
-    gathered, one at a time (a lock), so a commit's `take` on a thread of its own does not wait for a `drain` still
-    queued behind other sessions' work: it does that work itself."""
+    thread (`collect`, `rest`) and resampled and encoded BATCH_S at a time on the audio worker (`encode`, `take`,
+    one call at a time): per 20 ms append, a worker job and a dozen small tensor ops could not keep up with 64
+    talking sessions (commits waited 15 s behind their appends, and the jobs held the GIL the engine needs)."""
 
     BATCH_S = 0.5
 
@@ -127,51 +123,33 @@ class InputStream:
         self.fmt, self.ahead = fmt, ahead
         self._resampler = StreamResampler(fmt.rate, rate)
         self._pieces: list[torch.Tensor] = []
-        self._waiting: deque[torch.Tensor] = deque()  # collected, not yet encoded (appended and popped across threads)
+        self._waiting: list[torch.Tensor] = []  # collected, not yet handed to `encode`
         self._waiting_n = 0
         self._batch = int(fmt.rate * self.BATCH_S)
-        self._lock = threading.Lock()
-        self._error: Exception | None = None  # a `drain` that failed: the commit's `take` fails with it
 
-    def collect(self, pcm: torch.Tensor) -> bool:
-        """Gather an append; True each time another BATCH_S has gathered (time to queue a `drain`)."""
+    def collect(self, pcm: torch.Tensor) -> torch.Tensor | None:
+        """Gather an append; once BATCH_S has gathered, all of it, for `encode`."""
         self._waiting.append(pcm)
         self._waiting_n += len(pcm)
-        if self._waiting_n < self._batch:
-            return False
-        self._waiting_n = 0
-        return True
+        return self.rest() if self._waiting_n >= self._batch else None
 
-    def drain(self) -> None:
-        """Encode what has gathered (none left: nothing to do). A failure is kept for `take`."""
-        with self._lock:
-            try:
-                self._encode_waiting()
-            except Exception as e:
-                log.exception("resampling the input audio failed")
-                self._error = e
+    def rest(self) -> torch.Tensor | None:
+        """What `collect` gathered and has not handed on (None: nothing)."""
+        if not self._waiting:
+            return None
+        pcm = torch.cat(self._waiting) if len(self._waiting) > 1 else self._waiting[0]
+        self._waiting, self._waiting_n = [], 0
+        return pcm
 
     def encode(self, pcm: torch.Tensor) -> None:
         self._pieces.append(self._resampler.push(pcm))
         self.ahead = _feed(self.ahead, self._pieces[-1])
 
     def take(self, last: bool) -> tuple[torch.Tensor, AudioAhead | None]:
-        """The buffer at the model rate and its encoding (which `holds` it, or None), all that has gathered encoded
-        first. `last`: the buffer ends here and the encoding is handed over; else a fork of it, and the buffer goes
-        on."""
-        with self._lock:
-            if self._error is not None:
-                raise self._error
-            self._encode_waiting()
-            tail = self._resampler.tail()
-            return torch.cat([*self._pieces, tail]), _feed(self.ahead, tail, fork=not last, seal=True)
-
-    def _encode_waiting(self) -> None:
-        pieces = []
-        while self._waiting:
-            pieces.append(self._waiting.popleft())
-        if pieces:
-            self.encode(torch.cat(pieces) if len(pieces) > 1 else pieces[0])
+        """The buffer encoded so far at the model rate and its encoding (which `holds` it, or None). `last`: the
+        buffer ends here and the encoding is handed over; else a fork of it, and the buffer goes on."""
+        tail = self._resampler.tail()
+        return torch.cat([*self._pieces, tail]), _feed(self.ahead, tail, fork=not last, seal=True)
 
 
 def _feed(ahead: AudioAhead | None, x: torch.Tensor, fork: bool = False, seal: bool = False) -> AudioAhead | None:

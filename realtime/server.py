@@ -51,7 +51,6 @@ class ServerConfig:
     allowed_origins: tuple[str, ...] = ()  # browser origins besides the server's own host ("*": any)
     bind_host: str = "127.0.0.1"  # loopback: localhost origins of any port are allowed too
     audio_workers: int = 2  # threads for the sessions' audio work
-    commit_workers: int = 1  # threads for the commits' audio: a commit does not queue behind other sessions' appends
     # how long a thread may hold the GIL while another waits (Python's default is 5 ms): the engine thread gives it up
     # at every torch call and waits this long to get it back from the sockets' thread under load
     gil_switch_ms: float = 0.5
@@ -99,8 +98,6 @@ class Server:
         self.sockets: dict[web.WebSocketResponse, web.Request] = {}
         self.per_client: Counter[str] = Counter()
         self.audio = ThreadPoolExecutor(cfg.audio_workers, thread_name_prefix="audio")
-        self.commit_audio: ThreadPoolExecutor | None = ThreadPoolExecutor(cfg.commit_workers,
-                                                                          thread_name_prefix="commit")
         sys.setswitchinterval(cfg.gil_switch_ms / 1000)
         self.drain = Drain(cfg.drain, lambda: self.metrics.sessions)
         self.readiness = Readiness(pipeline, self.metrics, cfg.max_sessions, lambda: self.drain.draining)
@@ -144,8 +141,6 @@ class Server:
 
     async def _stop_workers(self, app: web.Application) -> None:
         self.audio.shutdown(wait=False, cancel_futures=True)
-        if self.commit_audio is not None:
-            self.commit_audio.shutdown(wait=False, cancel_futures=True)
         self.voice_store.close()
 
     async def _close(self, ws: web.WebSocketResponse, request: web.Request, code: int, message: bytes) -> None:
@@ -261,8 +256,7 @@ class Server:
             outbox.put(event)
 
         session = RealtimeSession(send, self.pipeline, model, self.metrics, self.cfg.limits, self.audio,
-                                  intent=request.query.get("intent"), voices=self.voices,
-                                  commit_executor=self.commit_audio)
+                                  intent=request.query.get("intent"), voices=self.voices)
         trail = SessionTrail(session.config["id"], model, self.metrics)
         writer = asyncio.create_task(self._write(ws, outbox))
         watchdog = asyncio.create_task(self._watch(ws, request, session, outbox, release))

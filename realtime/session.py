@@ -64,13 +64,12 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
 
     def __init__(self, send: Callable[[dict], None], pipeline: Pipeline, model: str, metrics: Metrics,
                  limits: Limits = Limits(), executor: Executor | None = None, intent: str | None = None,
-                 voices: CustomVoices | None = None, commit_executor: Executor | None = None) -> None:
-        """`executor` runs the audio work off the event loop; `commit_executor` (default: `executor`) a commit's, so
-        that it does not queue behind other sessions' appends; `intent` is the connect URL's `?intent=`."""
+                 voices: CustomVoices | None = None) -> None:
+        """`executor` runs the audio work off the event loop, one job at a time per session (its audio stays in
+        order); `intent` is the connect URL's `?intent=`."""
         self._send_raw, self.pipeline, self.metrics, self.limits = send, pipeline, metrics, limits
         self.voices = voices
         self.executor = executor
-        self.commit_executor = commit_executor or executor
         self.append_rate = AppendRate(limits.max_appends_per_s, limits.append_burst)
         self._arm_idle: int | None = None
         self.model = model
@@ -82,6 +81,7 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
         self.buffer_ms = 0.0
         self.buffer_bytes = 0
         self.input: InputStream | None = None  # the buffer at the model rate, as it arrives
+        self._input_job: asyncio.Future | None = None  # the last of its work queued on the audio worker
         self.clock_ms = 0.0  # all input audio of the session (the VAD's and the protocol's time line)
         self.vad: ServerVad | None = None
         self.speech_item: str | None = None
@@ -238,7 +238,7 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
 
     def _clear_buffer(self, restart_vad: bool = False) -> None:
         self.buffer, self.buffer_ms, self.buffer_bytes = [], 0.0, 0
-        self.input = None  # queued work on it ends on its own
+        self.input = self._input_job = None  # queued work on it ends on its own
         if restart_vad and self.vad is not None:
             self.vad.reset(int(self.clock_ms))
 
@@ -259,13 +259,28 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
             self.input = InputStream(fmt, self.pipeline.spec.input_rate, ahead)
         if self.input is not None and self.input.fmt != fmt:  # the format changed: resampled whole at the commit
             self.input = None
-        if self.input is not None and self.input.collect(pcm):
-            asyncio.get_running_loop().run_in_executor(self.executor, self.input.drain)  # it keeps its failure
+        if self.input is not None and (batch := self.input.collect(pcm)) is not None:
+            self._input_job = self._after_input(self.input.encode, batch)
+
+    def _after_input(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+        """`fn(*args)` on the audio worker once the input stream's queued work has run (a failure there fails this:
+        a commit never gets audio with a piece missing)."""
+        prev = self._input_job
+
+        async def run() -> Any:
+            if prev is not None:
+                await prev
+            return await self._off(fn, *args)
+
+        return asyncio.ensure_future(run())
 
     def _buffer_audio(self, last: bool) -> Awaitable[tuple[torch.Tensor, AudioAhead | None]]:
         """The input buffer as it is now at the model's input rate, and its encoding so far (InputStream.take)."""
         if self.input is not None:
-            return asyncio.get_running_loop().run_in_executor(self.commit_executor, self.input.take, last)
+            if (rest := self.input.rest()) is not None:
+                self._input_job = self._after_input(self.input.encode, rest)
+            self._input_job = self._after_input(self.input.take, last)
+            return self._input_job
         buffer, fmt = list(self.buffer), self.input_format
         return self._off(lambda: (to_model_rate(torch.cat(buffer), fmt, self.pipeline.spec.input_rate), None))
 

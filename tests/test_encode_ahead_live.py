@@ -111,39 +111,15 @@ def test_input_stream_encodes_half_a_second_at_a_time(pipeline):
 
 def feed(stream: InputStream, pcm: torch.Tensor) -> None:
     """An append, as the session hands it on: gathered, and encoded once a batch has gathered."""
-    if stream.collect(pcm):
-        stream.drain()
+    if (batch := stream.collect(pcm)) is not None:
+        stream.encode(batch)
 
 
 def take(stream: InputStream, last: bool) -> tuple[torch.Tensor, object]:
-    """What a commit (or a held turn) gets: the rest encoded, then taken."""
+    """What a commit (or a held turn) gets, as the session asks for it: the rest encoded, then taken."""
+    if (rest := stream.rest()) is not None:
+        stream.encode(rest)
     return stream.take(last)
-
-
-def test_a_commit_does_the_queued_batches_itself(pipeline):
-    """A commit's take, on a thread of its own, does not wait for the batches' drains queued behind other sessions'
-    work: it encodes what gathered itself, and a drain that runs after it finds nothing left. A drain's failure
-    fails the take (a commit never gets audio with a piece missing)."""
-    x = pcm(speech_like(1.3, 24000, 5))
-    stream, whole = InputStream(AudioFormat(), 16000, pipeline.audio_ahead()), InputStream(AudioFormat(), 16000, None)
-    queued = 0
-    for i in range(0, len(x), 480):
-        queued += stream.collect(x[i : i + 480])  # each True is a drain queued on the workers, not run yet
-        whole.collect(x[i : i + 480])
-    assert queued == 2 and stream.ahead.n == 0
-    audio, ahead = stream.take(last=True)
-    assert torch.equal(audio, whole.take(last=True)[0]) and ahead.holds(audio)
-    pushed = ahead.n
-    stream.drain()
-    stream.drain()
-    assert ahead.n == pushed
-
-    broken = InputStream(AudioFormat(), 16000, None)
-    broken.collect(torch.zeros(24000))
-    broken._resampler = None  # the drain's resampling fails
-    broken.drain()
-    with pytest.raises(AttributeError):
-        broken.take(last=True)
 
 
 def pcm(samples: np.ndarray) -> torch.Tensor:
