@@ -55,10 +55,15 @@ def until_first_audio(p, state, limit: int = 500) -> None:
 def test_thinker_keeps_only_text_lead_tokens_ahead_of_the_talker():
     p, s, events = started("a", 3, GenerationOptions(greedy=True, max_text_tokens=60, max_frames=60))
     state = p.program.sessions["a"].turn
-    for _ in range(30):  # the talker never runs: the thinker stops TEXT_LEAD tokens in
+    for _ in range(30):  # the talker has not taken its prompt: the thinker stops at the token it starts on
         s["audio_encoder"].step()
         s["thinker"].step()
-    assert len(state.reply_ids) == TEXT_LEAD and not state.thinker_done
+    assert len(state.reply_ids) == 1 and not state.thinker_done
+    assert not s["thinker"].step()  # its next decode would share the GPU with the talker's prefill
+    assert s["talker"].step() and len(state.codes) == 1  # the prefill's frame (the next needs token 1)
+    for _ in range(30):  # the talker does not read on: the thinker stops TEXT_LEAD tokens past what it read
+        s["thinker"].step()
+    assert len(state.reply_ids) == TEXT_LEAD + 1 and not state.thinker_done
     assert not s["thinker"].step()  # nothing to run: it waits for the talker
     for _ in range(7):  # each frame made reads a token and lets the thinker make one more, and only one (the
         assert s["talker"].step()  # talker's first launch makes two: its prefill's frame, then its decode's)

@@ -106,7 +106,9 @@ class FrameWork(Work):
         return written - (self.steps + 1 if self.inputs.n else 0)
 
     def paces(self, written: int) -> bool:
-        """Whether a writer with `written` reply tokens waits for this stream: it is TEXT_LEAD ahead of what this
-        stream has read, and the stream still reads."""
+        """Whether a writer with `written` reply tokens waits for this stream, which still reads: the stream has not
+        taken its prompt yet (it starts on token 0; the writer's next step would share the GPU with its prefill, on
+        the way to the first audio), or the writer is TEXT_LEAD ahead of what it has read."""
         t = self.turn
-        return self.unread(written) >= TEXT_LEAD and t.speaking and not (t.talker_done or t.finished)
+        return (self.inputs.n == 0 or self.unread(written) >= TEXT_LEAD) and t.speaking and \
+            not (t.talker_done or t.finished)
