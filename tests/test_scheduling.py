@@ -65,8 +65,8 @@ def test_thinker_keeps_only_text_lead_tokens_ahead_of_the_talker():
         s["thinker"].step()
     assert len(state.reply_ids) == TEXT_LEAD + 1 and not state.thinker_done
     assert not s["thinker"].step()  # nothing to run: it waits for the talker
-    for _ in range(7):  # each frame made reads a token and lets the thinker make one more, and only one (the
-        assert s["talker"].step()  # talker's first launch makes two: its prefill's frame, then its decode's)
+    for _ in range(7):  # each frame made reads a token and lets the thinker make one more, and only one
+        assert s["talker"].step()
         for _ in range(3):
             s["thinker"].step()
         assert len(state.reply_ids) == TEXT_LEAD + len(state.codes)
