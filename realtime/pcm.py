@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 _ZEROS, _ROLLOFF, _BETA = 32, 0.94, 12.0  # the resampler's sinc: zero crossings, low-pass, Kaiser beta
+_BLOCK = 1 << 14  # output positions a resample's matmul takes at once
 _ULAW_SEG_END = (0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF, 0x1FFF)
 _ALAW_SEG_END = (0x1F, 0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF)
 
@@ -112,8 +113,12 @@ def resample(pcm: torch.Tensor, sr_in: int, sr_out: int) -> torch.Tensor:
     dtype = pcm.dtype if pcm.is_floating_point() else torch.float32
     taps, half = _sinc_kernel(orig, new, pcm.device)
     n = pcm.shape[-1]
-    x = F.pad(pcm.to(taps.dtype).reshape(-1, 1, n), (half, half + orig))
-    y = F.conv1d(x, taps, stride=orig).transpose(1, 2).reshape(x.shape[0], -1)
+    x = F.pad(pcm.to(taps.dtype).reshape(-1, n), (half, half + orig))
+    # windows @ phases, on CPU 2.8x faster than conv1d (0.5 s at 24 kHz: 0.4 ms); the windows are copied for the
+    # matmul, so a block of them at a time
+    windows, phases = x.unfold(-1, taps.shape[-1], orig), taps[:, 0].T
+    y = torch.cat([windows[:, i : i + _BLOCK] @ phases for i in range(0, windows.shape[1], _BLOCK)], 1)
+    y = y.reshape(x.shape[0], -1)
     out_len = -(-n * new // orig)
     return y[:, :out_len].reshape(*pcm.shape[:-1], out_len).to(dtype)
 
