@@ -315,12 +315,11 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
                     "text_tokens": args.text_tokens, "frames": args.frames, "spread_s": args.spread_s}
             line["engine"] = engine_delta(before, engine(pipeline))
             line["engine"]["milestone_ms_p50_p95"] = milestone_gaps(timings)
-            if server_ttfa:  # from the commit's arrival to the first delta handed to the socket
-                ms = [x * 1e3 for x in server_ttfa]
-                line["server_ttfa_ms_p50_p95"] = [round(pct(ms, 50), 1), round(pct(ms, 95), 1)]
-            if commit_input:  # its first part: the commit's audio resampled and encoded on an audio worker
-                ms = [x * 1e3 for x in commit_input]
-                line["commit_input_ms_p50_p95"] = [round(pct(ms, 50), 1), round(pct(ms, 95), 1)]
+            # from the commit's arrival to the first delta handed to the socket, and its first part: the commit's
+            # audio resampled and encoded on an audio worker
+            for key, seconds in (("server_ttfa", server_ttfa), ("commit_input", commit_input)):
+                if seconds:
+                    line[f"{key}_ms_p50_p95"] = [round(pct(seconds, q) * 1e3, 1) for q in (50, 95)]
             if args.turns == 1:
                 line.update(summary([s[0] for s in sessions], args))
             else:

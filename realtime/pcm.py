@@ -90,6 +90,8 @@ def _kernel_shape(orig: int, new: int) -> tuple[float, int]:
 
 @lru_cache(maxsize=32)
 def _sinc_kernel(orig: int, new: int, device: torch.device) -> tuple[torch.Tensor, int]:
+    """The polyphase filter, [phases, taps] (a window of input times its transpose gives `new` outputs), and its
+    half-width."""
     cutoff, half = _kernel_shape(orig, new)
     offsets = torch.arange(new, dtype=torch.float64)[:, None] * orig / new
     x = torch.arange(-half, half + orig, dtype=torch.float64)[None] - offsets
@@ -97,8 +99,8 @@ def _sinc_kernel(orig: int, new: int, device: torch.device) -> tuple[torch.Tenso
     kaiser = torch.where(x.abs() <= half, torch.special.i0(_BETA * inside) / float(np.i0(_BETA)), 0.0)
     taps = cutoff * torch.sinc(cutoff * x) * kaiser
     taps = taps / taps.sum(1, keepdim=True)
-    # float64 on CUDA, where float32 convolutions would run in TF32 (cudnn.allow_tf32 is on)
-    return taps[:, None].to(device, torch.float64 if device.type == "cuda" else torch.float32), half
+    # float64 on CUDA, where float32 products may run in TF32
+    return taps.to(device, torch.float64 if device.type == "cuda" else torch.float32), half
 
 
 def resample(pcm: torch.Tensor, sr_in: int, sr_out: int) -> torch.Tensor:
@@ -114,10 +116,10 @@ def resample(pcm: torch.Tensor, sr_in: int, sr_out: int) -> torch.Tensor:
     taps, half = _sinc_kernel(orig, new, pcm.device)
     n = pcm.shape[-1]
     x = F.pad(pcm.to(taps.dtype).reshape(-1, n), (half, half + orig))
-    # windows @ phases, on CPU 2.8x faster than conv1d (0.5 s at 24 kHz: 0.4 ms); the windows are copied for the
-    # matmul, so a block of them at a time
-    windows, phases = x.unfold(-1, taps.shape[-1], orig), taps[:, 0].T
-    y = torch.cat([windows[:, i : i + _BLOCK] @ phases for i in range(0, windows.shape[1], _BLOCK)], 1)
+    # windows @ phases: on CPU, below ~1 s of input, 1.8-2.6x faster than conv1d (0.5 s at 24 kHz: 0.5 ms against
+    # 1.2); the matmul copies the overlapping windows, so a block of them at a time
+    windows = x.unfold(-1, taps.shape[1], orig)
+    y = torch.cat([windows[:, i : i + _BLOCK] @ taps.T for i in range(0, windows.shape[1], _BLOCK)], 1)
     y = y.reshape(x.shape[0], -1)
     out_len = -(-n * new // orig)
     return y[:, :out_len].reshape(*pcm.shape[:-1], out_len).to(dtype)
