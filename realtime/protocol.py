@@ -77,6 +77,9 @@ def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not valid JSON")
 
 
+_JSON = json.JSONDecoder(parse_constant=_no_constant)  # json.loads with an argument builds one a call
+
+
 def parse_event(raw: str | bytes) -> dict:
     """One client frame -> an event object; size and depth are checked before parsing."""
     if isinstance(raw, bytes):
@@ -86,7 +89,7 @@ def parse_event(raw: str | bytes) -> dict:
     if _depth(raw) > MAX_DEPTH:
         raise ProtocolError("invalid_json", f"Invalid JSON: nested deeper than {MAX_DEPTH} levels.")
     try:
-        event = json.loads(raw, parse_constant=_no_constant)
+        event = _JSON.decode(raw)
     except (ValueError, RecursionError) as e:  # JSONDecodeError, over-long integer literals, NaN
         raise ProtocolError("invalid_json", f"Invalid JSON: {clip(str(e), 200)}") from None
     if not isinstance(event, dict):
