@@ -64,6 +64,7 @@ from models.qwen3_omni.audio_stream import AudioStream  # noqa: E402
 from pipelines.admission import FED_S  # noqa: E402
 from pipelines.pipeline import Pipeline  # noqa: E402
 from pipelines.scheduler import URGENT_S  # noqa: E402
+from realtime.audio import InputStream  # noqa: E402
 from realtime.pcm import resample  # noqa: E402
 from realtime.server import Server, ServerConfig  # noqa: E402
 from realtime.session import Limits  # noqa: E402
@@ -339,6 +340,7 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
 
 PREFILL_STAGES = ("thinker", "talker")  # the stages --decode-after-prefill turns on
 SEAL = AudioStream.seal  # the commit's host encoding on the audio worker (--seal 0: on the engine thread)
+EAGER_S = InputStream.EAGER_S  # the server's; --eager-input-s changes it for this process's server
 
 
 def set_policy(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict:
@@ -348,9 +350,12 @@ def set_policy(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict
         return None if values is None else values[level % len(values)]
 
     urgent, after, fed, seal = pick(args.urgent_s), pick(args.decode_after_prefill), pick(args.fed_s), pick(args.seal)
+    eager = pick(args.eager_input_s)
     program = pipeline.program
     if seal is not None:  # the server is in this process: its audio workers call the class's seal
         AudioStream.seal = SEAL if seal else lambda self: None
+    if eager is not None:  # read by its sessions at each append
+        InputStream.EAGER_S = eager
     for stage in program.stages:
         if after is not None and stage.name in PREFILL_STAGES:
             stage.cfg = dataclasses.replace(stage.cfg, decode_after_prefill=after)
@@ -359,7 +364,7 @@ def set_policy(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict
         program.admission.fed_s = fed
     talker = program.by_name.get("talker") or program.by_name["thinker"]
     return {"urgent_s": talker.scheduler.urgent_s, "decode_after_prefill": talker.cfg.decode_after_prefill,
-            "fed_s": program.admission.fed_s, "seal": AudioStream.seal is SEAL}
+            "fed_s": program.admission.fed_s, "seal": AudioStream.seal is SEAL, "eager_input_s": InputStream.EAGER_S}
 
 
 def _floats(text: str) -> list[float]:
@@ -519,6 +524,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="1 (the server's): the audio worker runs the commit's host encoding as it hands the turn "
                          "its audio (AudioAhead.seal); 0: the engine's encoder step runs it, as before. A "
                          "comma-separated list of 0/1 cycles over the levels, as --urgent-s does")
+    ap.add_argument("--eager-input-s", type=_floats,
+                    help=f"while the audio workers are idle, a session's appends go on to them once this much has "
+                         f"gathered (the server's: {EAGER_S}; 0: only every {InputStream.BATCH_S} s); a "
+                         "comma-separated list cycles over the levels, as --urgent-s does")
     ap.add_argument("--stream-batch", type=int,
                     help="the talker's and Code2Wav's most rows a step (the server's: 64); more captures a bucket "
                          "of that size, so no playing stream waits a round for a row")
@@ -538,8 +547,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         ap.error("need --audio-seconds >= 0.2 (the server's minimum commit is 100 ms), --spread-s >= 0, "
                  "--text-tokens >= 1, --frames >= 1")
     if args.client_processes < 1 or min(args.urgent_s or [0]) < 0 or min(args.fed_s or [0]) < 0 or \
-            (args.stream_batch is not None and args.stream_batch < 1):
-        ap.error("need --client-processes >= 1, --urgent-s >= 0, --fed-s >= 0 and --stream-batch >= 1")
+            min(args.eager_input_s or [0]) < 0 or (args.stream_batch is not None and args.stream_batch < 1):
+        ap.error("need --client-processes >= 1, --urgent-s >= 0, --fed-s >= 0, --eager-input-s >= 0 and "
+                 "--stream-batch >= 1")
     if args.turns < 1 or args.pause_s < 0 or args.play_ahead_s < 0:
         ap.error("need --turns >= 1, --pause-s >= 0 and --play-ahead-s >= 0")
     if args.gpu_memory_gib is not None:
@@ -569,6 +579,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             lines = asyncio.run(run_levels(pipeline, args, levels, header))
     finally:
         AudioStream.seal = SEAL  # --seal 0 switched it off for this process's server only
+        InputStream.EAGER_S = EAGER_S
     print(table(lines), file=sys.stderr)
     return lines
 

@@ -118,6 +118,7 @@ class InputStream:
     talking sessions (commits waited 15 s behind their appends, and the jobs held the GIL the engine needs)."""
 
     BATCH_S = 0.5
+    EAGER_S = 0.1  # while the audio workers are idle, handed on once this much has gathered (0: only BATCH_S)
 
     def __init__(self, fmt: AudioFormat, rate: int, ahead: AudioAhead | None) -> None:
         self.fmt, self.ahead = fmt, ahead
@@ -127,11 +128,13 @@ class InputStream:
         self._waiting_n = 0
         self._batch = int(fmt.rate * self.BATCH_S)
 
-    def collect(self, pcm: torch.Tensor) -> torch.Tensor | None:
-        """Gather an append; once BATCH_S has gathered, all of it, for `encode`."""
+    def collect(self, pcm: torch.Tensor, idle: bool = False) -> torch.Tensor | None:
+        """Gather an append; once BATCH_S has gathered (EAGER_S while the audio workers are `idle`: the commit
+        then finds less of its audio still to encode), all of it, for `encode`."""
         self._waiting.append(pcm)
-        self._waiting_n += len(pcm)
-        return self.rest() if self._waiting_n >= self._batch else None
+        self._waiting_n += pcm.shape[0]
+        eager = idle and self.EAGER_S > 0 and self._waiting_n >= self.EAGER_S * self.fmt.rate
+        return self.rest() if eager or self._waiting_n >= self._batch else None
 
     def rest(self) -> torch.Tensor | None:
         """What `collect` gathered and has not handed on (None: nothing)."""
@@ -145,9 +148,12 @@ class InputStream:
         self._pieces.append(self._resampler.push(pcm))
         self.ahead = _feed(self.ahead, self._pieces[-1])
 
-    def take(self, last: bool) -> tuple[torch.Tensor, AudioAhead | None]:
-        """The buffer encoded so far at the model rate and its encoding (which `holds` it, or None). `last`: the
-        buffer ends here and the encoding is handed over; else a fork of it, and the buffer goes on."""
+    def take(self, last: bool, rest: torch.Tensor | None = None) -> tuple[torch.Tensor, AudioAhead | None]:
+        """The buffer encoded so far (after `rest`, what `rest()` handed on, if any) at the model rate and its
+        encoding (which `holds` it, or None). `last`: the buffer ends here and the encoding is handed over; else a
+        fork of it, and the buffer goes on."""
+        if rest is not None:
+            self.encode(rest)
         tail = self._resampler.tail()
         return torch.cat([*self._pieces, tail]), _feed(self.ahead, tail, fork=not last, seal=True)
 

@@ -1,11 +1,16 @@
-"""The audio work of a session's input, kept off the event loop: decoding an append (and running the
-turn detector over it), encoding a user item's audio back for retrieval; and the append rate limit."""
+"""The audio work of a session's input, kept off the event loop: the worker threads that run it, decoding an
+append (and running the turn detector over it), encoding a user item's audio back for retrieval; and the append
+rate limit."""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import torch
 
@@ -47,3 +52,31 @@ class AppendRate:
             return False
         self.tokens -= 1
         return True
+
+
+class AudioWorkers(ThreadPoolExecutor):
+    """The sessions' audio worker threads, and whether any job is queued or running on them (`idle`)."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers, thread_name_prefix="audio")
+        self.jobs = 0
+        self._count = threading.Lock()
+
+    @property
+    def idle(self) -> bool:
+        return self.jobs == 0
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        with self._count:
+            self.jobs += 1
+        try:
+            future = super().submit(fn, *args, **kwargs)
+        except BaseException:
+            self._done(None)
+            raise
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, _: Future | None) -> None:
+        with self._count:
+            self.jobs -= 1

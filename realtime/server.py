@@ -14,7 +14,6 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from pipelines.pipeline import Pipeline
 
 from .drain import Drain, DrainConfig
+from .input_audio import AudioWorkers
 from .logs import SessionTrail
 from .metrics import Metrics
 from .protocol import MAX_EVENT_CHARS, ProtocolError
@@ -97,7 +97,7 @@ class Server:
         self.gate = Gate(cfg.api_key, cfg.allowed_origins, is_loopback(cfg.bind_host))
         self.sockets: dict[web.WebSocketResponse, web.Request] = {}
         self.per_client: Counter[str] = Counter()
-        self.audio = ThreadPoolExecutor(cfg.audio_workers, thread_name_prefix="audio")
+        self.audio = AudioWorkers(cfg.audio_workers)
         sys.setswitchinterval(cfg.gil_switch_ms / 1000)
         self.drain = Drain(cfg.drain, lambda: self.metrics.sessions)
         self.readiness = Readiness(pipeline, self.metrics, cfg.max_sessions, lambda: self.drain.draining)

@@ -19,7 +19,7 @@ from pipelines.types import AudioAhead
 from .audio import AudioFormat, InputStream, to_model_rate
 from .capabilities import check_config
 from .early_reply import EarlyReply
-from .input_audio import AppendRate, decode_append
+from .input_audio import AppendRate, AudioWorkers, decode_append
 from .item_events import ItemEvents
 from .items import Conversation, user_audio_item
 from .metrics import Metrics
@@ -76,6 +76,7 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
         self.config = default_session(model, pipeline.spec)
         if intent == "transcription":
             self.config = update_session(self.config, {"type": "transcription"}, model, pipeline.spec)
+        self.input_format = AudioFormat.from_config(self.config["audio"]["input"]["format"])
         self.conversation = Conversation()
         self.buffer: list[torch.Tensor] = []  # input audio at the input format's rate
         self.buffer_ms = 0.0
@@ -137,6 +138,7 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
     async def session_update(self, event: dict) -> None:
         config = update_session(self.config, require(event, "session", dict), self.model, self.pipeline.spec)
         self.config = check_config(config, self.pipeline.spec, voices=self.voices)
+        self.input_format = AudioFormat.from_config(self.config["audio"]["input"]["format"])
         self._discard_held()
         self._reset_vad()
         self.send({"type": "session.updated", "session": self.config})
@@ -164,9 +166,10 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
             raise
         self.buffer.append(pcm)
         self._stream_input(pcm, fmt)
-        ms = len(pcm) * 1000 / fmt.rate
+        n = pcm.shape[0]
+        ms = n * 1000 / fmt.rate
         self.buffer_ms += ms
-        self.buffer_bytes += pcm.numel() * 4
+        self.buffer_bytes += n * 4
         self.clock_ms += ms
         for ev in events:
             await self._vad_event(ev)
@@ -259,7 +262,8 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
             self.input = InputStream(fmt, self.pipeline.spec.input_rate, ahead)
         if self.input is not None and self.input.fmt != fmt:  # the format changed: resampled whole at the commit
             self.input = None
-        if self.input is not None and (batch := self.input.collect(pcm)) is not None:
+        idle = isinstance(self.executor, AudioWorkers) and self.executor.idle
+        if self.input is not None and (batch := self.input.collect(pcm, idle)) is not None:
             self._input_job = self._after_input(self.input.encode, batch)
 
     def _after_input(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
@@ -277,9 +281,7 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
     def _buffer_audio(self, last: bool) -> Awaitable[tuple[torch.Tensor, AudioAhead | None]]:
         """The input buffer as it is now at the model's input rate, and its encoding so far (InputStream.take)."""
         if self.input is not None:
-            if (rest := self.input.rest()) is not None:
-                self._input_job = self._after_input(self.input.encode, rest)
-            self._input_job = self._after_input(self.input.take, last)
+            self._input_job = self._after_input(self.input.take, last, self.input.rest())
             return self._input_job
         buffer, fmt = list(self.buffer), self.input_format
         return self._off(lambda: (to_model_rate(torch.cat(buffer), fmt, self.pipeline.spec.input_rate), None))
@@ -288,10 +290,6 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
     def transcribing(self) -> bool:
         """A transcription session: transcripts of each commit, never a response."""
         return self.config["type"] == "transcription"
-
-    @property
-    def input_format(self) -> AudioFormat:
-        return AudioFormat.from_config(self.config["audio"]["input"]["format"])
 
 
 HANDLERS = {
