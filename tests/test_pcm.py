@@ -11,6 +11,7 @@ from realtime.pcm import (
     alaw_decode,
     alaw_encode,
     float_to_g711,
+    float_to_int16,
     float_to_pcm16,
     g711_to_float,
     pcm16_to_float,
@@ -82,6 +83,16 @@ def test_pcm16_round_trip() -> None:
     assert samples.dtype == torch.float32 and samples.min() == -1.0 and samples.max() == 32767 / 32768
     assert float_to_pcm16(samples) == data
     assert float_to_pcm16(torch.tensor([2.0, -2.0])) == np.array([32767, -32768], "<i2").tobytes()
+
+
+def test_pcm16_bytes_are_the_torch_rounding() -> None:
+    """The numpy encoder rounds as `float_to_int16` does: half to even, then clipped (also bf16 and CUDA-less views)."""
+    halves = (torch.arange(-40, 40) + 0.5) / 32768
+    x = torch.cat([torch.randn(20000, generator=torch.Generator().manual_seed(0)) * 0.7, halves,
+                   torch.tensor([1.0, -1.0, 0.99999, -1.00001, float(2**-16), -float(2**-16)])])
+    for v in (x, x[::3], x.to(torch.bfloat16), x[None, :].T[:, 0]):
+        assert float_to_pcm16(v) == float_to_int16(v).numpy().astype("<i2").tobytes()
+    assert float_to_pcm16(halves)[:4] == np.array([-40, -38], "<i2").tobytes()  # -39.5 -> -40, -38.5 -> -38
 
 
 def test_g711_known_values() -> None:
