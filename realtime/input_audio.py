@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -80,3 +81,9 @@ class AudioWorkers(ThreadPoolExecutor):
     def _done(self, _: Future | None) -> None:
         with self._count:
             self.jobs -= 1
+
+
+@functools.cache
+def default_workers() -> AudioWorkers:
+    """The audio workers of sessions made without the server's."""
+    return AudioWorkers(2)

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,7 @@ from pipelines.types import AudioAhead
 from .audio import AudioFormat, InputStream, to_model_rate
 from .capabilities import check_config
 from .early_reply import EarlyReply
-from .input_audio import AppendRate, AudioWorkers, decode_append
+from .input_audio import AppendRate, AudioWorkers, decode_append, default_workers
 from .item_events import ItemEvents
 from .items import Conversation, user_audio_item
 from .metrics import Metrics
@@ -65,11 +65,12 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
     def __init__(self, send: Callable[[dict], None], pipeline: Pipeline, model: str, metrics: Metrics,
                  limits: Limits = Limits(), executor: Executor | None = None, intent: str | None = None,
                  voices: CustomVoices | None = None) -> None:
-        """`executor` runs the audio work off the event loop, one job at a time per session (its audio stays in
-        order); `intent` is the connect URL's `?intent=`."""
+        """`executor` (threads taking jobs in order, as ThreadPoolExecutor's; by default `default_workers()`) runs
+        the audio work off the event loop, one job at a time per session (its audio stays in order); `intent` is
+        the connect URL's `?intent=`."""
         self._send_raw, self.pipeline, self.metrics, self.limits = send, pipeline, metrics, limits
         self.voices = voices
-        self.executor = executor
+        self.executor = executor if executor is not None else default_workers()
         self.append_rate = AppendRate(limits.max_appends_per_s, limits.append_burst)
         self._arm_idle: int | None = None
         self.model = model
@@ -82,7 +83,7 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
         self.buffer_ms = 0.0
         self.buffer_bytes = 0
         self.input: InputStream | None = None  # the buffer at the model rate, as it arrives
-        self._input_job: asyncio.Future | None = None  # the last of its work queued on the audio worker
+        self._input_job: Future | None = None  # the last of its work queued on the audio worker
         self.clock_ms = 0.0  # all input audio of the session (the VAD's and the protocol's time line)
         self.vad: ServerVad | None = None
         self.speech_item: str | None = None
@@ -266,23 +267,25 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
         if self.input is not None and (batch := self.input.collect(pcm, idle)) is not None:
             self._input_job = self._after_input(self.input.encode, batch)
 
-    def _after_input(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+    def _after_input(self, fn: Callable[..., Any], *args: Any) -> Future:
         """`fn(*args)` on the audio worker once the input stream's queued work has run (a failure there fails this:
-        a commit never gets audio with a piece missing)."""
+        a commit never gets audio with a piece missing). The job waits for the one before it on the worker, not on
+        the event loop (a round trip of ~1 ms in a commit): the workers take jobs in order, so the one before has
+        been taken, and runs or has run."""
         prev = self._input_job
 
-        async def run() -> Any:
+        def run() -> Any:
             if prev is not None:
-                await prev
-            return await self._off(fn, *args)
+                prev.result()
+            return fn(*args)
 
-        return asyncio.ensure_future(run())
+        return self.executor.submit(run)
 
     def _buffer_audio(self, last: bool) -> Awaitable[tuple[torch.Tensor, AudioAhead | None]]:
         """The input buffer as it is now at the model's input rate, and its encoding so far (InputStream.take)."""
         if self.input is not None:
             self._input_job = self._after_input(self.input.take, last, self.input.rest())
-            return self._input_job
+            return asyncio.wrap_future(self._input_job)
         buffer, fmt = list(self.buffer), self.input_format
         return self._off(lambda: (to_model_rate(torch.cat(buffer), fmt, self.pipeline.spec.input_rate), None))
 
