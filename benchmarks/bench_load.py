@@ -45,6 +45,7 @@ import itertools
 import json
 import math
 import multiprocessing
+import os
 import statistics
 import sys
 import time
@@ -507,6 +508,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="the thinker's decode runs before the talker's, not beside it (StageConfig.overlap off)")
     ap.add_argument("--gil-switch-ms", type=float, default=ServerConfig.gil_switch_ms,
                     help=f"serve --gil-switch-ms (default {ServerConfig.gil_switch_ms}; Python's own: 5)")
+    ap.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1),
+                    help="torch CPU threads, as serve --threads (default: serve's, min(4, cores); before 2026-12-02's "
+                         "seventh session the benchmark left torch's own, one per core)")
     ap.add_argument("--clients-in-process", action="store_true",
                     help="run the clients in the server's process (as before 2026-12-02's third session), not a child")
     ap.add_argument("--client-processes", type=int, default=4,
@@ -550,6 +554,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             min(args.eager_input_s or [0]) < 0 or (args.stream_batch is not None and args.stream_batch < 1):
         ap.error("need --client-processes >= 1, --urgent-s >= 0, --fed-s >= 0, --eager-input-s >= 0 and "
                  "--stream-batch >= 1")
+    if args.threads < 1:
+        ap.error("need --threads >= 1")
     if args.turns < 1 or args.pause_s < 0 or args.play_ahead_s < 0:
         ap.error("need --turns >= 1, --pause-s >= 0 and --play-ahead-s >= 0")
     if args.gpu_memory_gib is not None:
@@ -573,6 +579,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     header["clients_in_process"] = args.clients_in_process
     header["client_processes"] = 0 if args.clients_in_process else args.client_processes
     header["gil_switch_ms"] = args.gil_switch_ms
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    header["threads"] = args.threads
     try:
         with Pipeline(program) as pipeline:
             pipeline.play_ahead_s = args.play_ahead_s
@@ -580,6 +589,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     finally:
         AudioStream.seal = SEAL  # --seal 0 switched it off for this process's server only
         InputStream.EAGER_S = EAGER_S
+        torch.set_num_threads(threads)
     print(table(lines), file=sys.stderr)
     return lines
 

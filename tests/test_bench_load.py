@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks.bench_load import EAGER_S, SEAL, START_BUFFER_S, Player, main
 from models.qwen3_omni.audio_stream import AudioStream
@@ -81,12 +82,15 @@ def test_conversations_of_two_turns_through_the_real_server(tmp_path: Path, caps
 
 def test_the_policy_flags_cycle_over_the_levels(capsys: pytest.CaptureFixture) -> None:
     """Each given flag's list cycles over the levels; a stage's prefill gate follows its launch unless given."""
+    threads = torch.get_num_threads()
     lines = main(["--tiny", "--device", "cpu", "--sessions", "1,1,1", "--audio-seconds", "0.5", "--text-tokens", "2",
                   "--frames", "3", "--timeout-s", "60", "--decode-after-prefill", "1,0", "--fed-s", "0,0.1,0.2",
-                  "--seal", "0,1,0", "--eager-input-s", "0,0.2", "--stream-batch", "3", "--clients-in-process"])
+                  "--seal", "0,1,0", "--eager-input-s", "0,0.2", "--stream-batch", "3", "--clients-in-process",
+                  "--threads", "1"])
     policies = [(x["urgent_s"], x["decode_after_prefill"], x["fed_s"], x["seal"], x["eager_input_s"]) for x in lines]
     assert policies == [(0.0, True, 0.0, False, 0.0), (0.25, False, 0.1, True, 0.2), (0.0, True, 0.2, False, 0.0)]
     assert AudioStream.seal is SEAL and InputStream.EAGER_S == EAGER_S  # the server's own once the benchmark is done
+    assert all(x["threads"] == 1 for x in lines) and torch.get_num_threads() == threads
     assert all(x["stream_batch"] == 3 for x in lines)
     assert all(x["errors"] == 0 and x["measured"] == 1 for x in lines)
     assert "ttfa_ms_p95" in capsys.readouterr().err
@@ -112,7 +116,7 @@ def test_player_counts_gaps_after_the_start_buffer() -> None:
                                  ["--turns", "0"], ["--pause-s", "-1"], ["--client-processes", "0"],
                                  ["--urgent-s", "-0.1"], ["--urgent-s", "0.25,x"], ["--fed-s", "-1"],
                                  ["--decode-after-prefill", "0,2"], ["--seal", "yes"], ["--stream-batch", "0"],
-                                 ["--eager-input-s", "-0.1"]])
+                                 ["--eager-input-s", "-0.1"], ["--threads", "0"]])
 def test_bad_flags_are_refused_before_building_a_model(bad: list[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--tiny", "--device", "cpu", *bad])
