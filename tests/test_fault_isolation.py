@@ -130,8 +130,12 @@ def assert_refused(events: list, code: str) -> TurnError:
     ([Message("user", "x" * 15_000_000)], "context_too_long"),
     ([Message("user", "", torch.full((16000,), float("nan")))], "invalid_request"),
     ([Message("user", "", torch.full((16000,), torch.inf))], "invalid_request"),
+    ([Message("user", "", torch.zeros(16000, dtype=torch.float64).index_fill_(0, torch.tensor([9]), -torch.inf))],
+     "invalid_request"),
+    ([Message("user", "", torch.zeros(16000, dtype=torch.bfloat16).index_fill_(0, torch.tensor([9]), torch.nan))],
+     "invalid_request"),
 ], ids=["surrogate-in-instructions", "surrogate-in-text", "surrogate-in-tool-call", "15MB-text",
-        "nan-audio", "inf-audio"])
+        "nan-audio", "inf-audio", "one-inf-sample-f64", "one-nan-sample-bf16"])
 def test_bad_input_is_refused_at_submission(pipeline, messages, code):
     assert_refused(with_bystander(pipeline, victim(messages)), code)
 
