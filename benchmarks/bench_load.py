@@ -45,7 +45,6 @@ import itertools
 import json
 import math
 import multiprocessing
-import os
 import statistics
 import sys
 import time
@@ -66,6 +65,7 @@ from pipelines.admission import FED_S  # noqa: E402
 from pipelines.pipeline import Pipeline  # noqa: E402
 from pipelines.scheduler import URGENT_S  # noqa: E402
 from realtime.audio import InputStream  # noqa: E402
+from realtime.cli_checks import default_threads  # noqa: E402
 from realtime.pcm import resample  # noqa: E402
 from realtime.server import Server, ServerConfig  # noqa: E402
 from realtime.session import Limits  # noqa: E402
@@ -508,9 +508,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="the thinker's decode runs before the talker's, not beside it (StageConfig.overlap off)")
     ap.add_argument("--gil-switch-ms", type=float, default=ServerConfig.gil_switch_ms,
                     help=f"serve --gil-switch-ms (default {ServerConfig.gil_switch_ms}; Python's own: 5)")
-    ap.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1),
-                    help="torch CPU threads, as serve --threads (default: serve's, min(4, cores); before 2026-12-02's "
-                         "seventh session the benchmark left torch's own, one per core)")
+    ap.add_argument("--threads", type=int,
+                    help="torch CPU threads, as serve --threads (default: serve's, 1 on CUDA, min(4, cores) on CPU; "
+                         "before 2026-12-02's seventh session the benchmark left torch's own, one per core)")
     ap.add_argument("--clients-in-process", action="store_true",
                     help="run the clients in the server's process (as before 2026-12-02's third session), not a child")
     ap.add_argument("--client-processes", type=int, default=4,
@@ -554,6 +554,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             min(args.eager_input_s or [0]) < 0 or (args.stream_batch is not None and args.stream_batch < 1):
         ap.error("need --client-processes >= 1, --urgent-s >= 0, --fed-s >= 0, --eager-input-s >= 0 and "
                  "--stream-batch >= 1")
+    if args.threads is None:
+        args.threads = default_threads(args.device)
     if args.threads < 1:
         ap.error("need --threads >= 1")
     if args.turns < 1 or args.pause_s < 0 or args.play_ahead_s < 0:

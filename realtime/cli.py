@@ -24,6 +24,7 @@ from .cli_checks import (
     check_positive,
     check_speaking,
     default_device,
+    default_threads,
     read_audio,
 )
 
@@ -94,8 +95,8 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-name", default="", help="the model id that /v1/models reports (default: the "
                        "model's own name)")
     serve.add_argument("--api-key-file", help="read the key from this file (keeps it out of `ps`)")
-    serve.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1),
-                       help="torch CPU threads (default: min(4, cores)); audio work uses 2 more")
+    serve.add_argument("--threads", type=int, default=None,
+                       help="torch CPU threads (default: 1 on CUDA, min(4, cores) on CPU); audio work uses 2 more")
     serve.add_argument("--gil-switch-ms", type=float, default=0.5,
                        help="the longest a thread holds Python's GIL while another waits for it (Python's default: 5); "
                        "short, so the engine thread gets it back soon from the threads serving the sockets")
@@ -252,6 +253,8 @@ def serve(args: argparse.Namespace) -> int:
     from .server import ServerConfig, run
     from .session import Limits
 
+    if args.threads is None:
+        args.threads = default_threads(args.device or default_device())
     check_positive(args, "max_sessions", "max_session_minutes", "threads", "max_sessions_per_client")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: a TCP port is 0-65535 (0: any free port)")

@@ -20,6 +20,13 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def default_threads(device: str) -> int:
+    """torch's CPU threads: on CUDA one, as the CPU's share is small audio ops run on several threads at once (a
+    commit's audio work took 5-7 ms with 16 threads, 4-5 with 4 and 3.5-4 with 1 on the H200 box); min(4, cores) on
+    CPU, where the model itself runs."""
+    return 1 if device.startswith("cuda") else min(4, os.cpu_count() or 1)
+
+
 def check_before_loading(args: argparse.Namespace) -> ModelSpec:
     spec = check_model(args.model)
     if args.voice_model:

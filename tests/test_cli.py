@@ -95,3 +95,16 @@ def test_help_never_shows_the_key_from_the_environment(monkeypatch: pytest.Monke
     monkeypatch.setenv("OMNI_REALTIME_API_KEY", "sekrit-from-env")  # main builds its parser after this
     r = run("serve", "--help")
     assert r.returncode == 0 and "sekrit-from-env" not in r.stdout and "OMNI_REALTIME_API_KEY" in r.stdout
+
+
+def test_torch_threads_default_to_one_on_cuda_and_up_to_four_on_cpu(monkeypatch: pytest.MonkeyPatch):
+    """On CUDA the CPU runs only small audio ops, which more threads made slower (benchmarks/RESULTS.md, 2026-12-02
+    seventh session); on CPU the model itself runs on them. An explicit --threads wins."""
+    from realtime.cli_checks import default_threads
+
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert (default_threads("cuda"), default_threads("cuda:1"), default_threads("cpu")) == (1, 1, 4)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert default_threads("cpu") == 2
+    assert parser().parse_args(["serve"]).threads is None  # resolved by serve once the device is known
+    assert parser().parse_args(["serve", "--threads", "3"]).threads == 3
