@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -122,3 +124,23 @@ def test_bad_flags_are_refused_before_building_a_model(bad: list[str], capsys: p
         main(["--tiny", "--device", "cpu", *bad])
     assert exc.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_the_commit_probe_times_each_commits_steps_in_order() -> None:
+    """benchmarks/probe_commit.py, in a process of its own (it wraps the classes' methods): one line per commit, its
+    steps in the order the commit runs them, inside the commit's own time; the bench's own line still comes."""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "benchmarks/probe_commit.py", "--tiny", "--device", "cpu", "--sessions",
+                           "1,1", "--audio-seconds", "1.05", "--text-tokens", "2", "--frames", "3", "--timeout-s",
+                           "60", "--clients-in-process", "--buckets", "32,64,128,512"],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    steps = [json.loads(x.split(" ", 1)[1]) for x in proc.stderr.splitlines() if x.startswith("commit_steps ")]
+    assert len(steps) == 3, proc.stderr[-2000:]  # the warm-up session's and one a level
+    for s in steps:
+        assert s["arrive"] == 0 and list(s)[0] == "arrive" and list(s)[-1] == "done", s
+        assert s["take0"] <= s["seal0"] <= s["seal1"] <= s["take1"] <= s["done"], s
+        assert s["enc1"] <= s["seal0"]  # the last batch (before the take, or its rest within it) came first
+    assert any(x.startswith("capture_s ") for x in proc.stderr.splitlines())
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert len(lines) == 2 and all(x["errors"] == 0 and x["seal"] for x in lines)
