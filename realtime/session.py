@@ -276,8 +276,12 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
 
         def run() -> Any:
             if prev is not None:
-                prev.result()
-            return fn(*args)
+                prev.result()  # its failure was logged where it happened
+            try:
+                return fn(*args)
+            except Exception:
+                log.exception("session %s: input audio work failed", self.config.get("id"))
+                raise
 
         return self.executor.submit(run)
 

@@ -138,3 +138,39 @@ def test_audio_workers_count_their_queued_and_running_jobs():
     with pytest.raises(RuntimeError):  # refused after shutdown: not counted as queued
         workers.submit(lambda: 1)
     assert workers.idle
+
+
+def test_a_failed_input_batch_fails_its_commit_alone_and_the_session_goes_on(pipeline, monkeypatch, caplog):
+    """A batch that fails on the audio worker is logged where it fails; the commit that needs it gets an error
+    event (never audio with a piece missing); after a clear, the same session answers as a fresh server does."""
+    question = speech_like(1.3, 24000, 4)
+    encode, calls = InputStream.encode, []
+
+    def flaky(self, pcm):
+        calls.append(len(pcm))
+        if len(calls) == 2:
+            raise RuntimeError("resampler exploded")
+        return encode(self, pcm)
+
+    monkeypatch.setattr(InputStream, "encode", flaky)
+
+    async def ask(url: str, fail_first: bool) -> tuple[str, bytes]:
+        async with client(url).realtime.connect(model="qwen3-omni") as conn:
+            await open_session(conn)
+            if fail_first:
+                await append(conn, pcm_chunks(question, 480))
+                await conn.input_audio_buffer.commit()
+                error = await until(conn, "error")
+                assert error["error"]["type"] == "server_error", error
+                await conn.input_audio_buffer.clear()
+                await until(conn, "input_audio_buffer.cleared")
+            await append(conn, pcm_chunks(question, 480))
+            await conn.input_audio_buffer.commit()
+            await until(conn, "input_audio_buffer.committed")
+            return await reply(conn)
+
+    with running(pipeline, ServerConfig(limits=LIMITS)) as (url, _):
+        with caplog.at_level("ERROR"):
+            after = asyncio.run(ask(url, True))
+        assert "input audio work failed" in caplog.text and "resampler exploded" in caplog.text
+        assert asyncio.run(ask(url, False)) == after

@@ -230,4 +230,3 @@ def _finite(x: torch.Tensor) -> bool:
     if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
         return bool(np.isfinite(x.detach().numpy()).all())
     return bool(torch.isfinite(x).all())
-
