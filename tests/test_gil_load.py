@@ -38,15 +38,26 @@ def test_20ms_appends_reach_the_audio_worker_half_a_second_at_a_time(pipeline, m
     at the commit, every sample in order; the reply is the one a server without encode-ahead gives. (EAGER_S off:
     the workers as under load, never idle when an append comes.)"""
     question = speech_like(1.3, 24000, 4)
+    monkeypatch.setattr(InputStream, "EAGER_S", 0.0)
+    pushed = batches_with_the_reply_unchanged(pipeline, monkeypatch, question, pace_s=0.0)
+    batch = int(24000 * InputStream.BATCH_S)
+    assert len(pushed) == 3, pushed  # 0.5 s, 0.5 s, and the last 0.3 s at the commit: not 65 jobs
+    assert pushed[:2] == [batch, batch] and sum(pushed) == len(question)
+
+
+def batches_with_the_reply_unchanged(pipeline, monkeypatch, question, pace_s: float) -> list[int]:
+    """The batches (samples each) the audio worker encoded for `question`, sent in 20 ms appends `pace_s` apart
+    and committed; asserts the reply is the one a server without encode-ahead gives."""
     pushed: list[int] = []
     encode = InputStream.encode
     monkeypatch.setattr(InputStream, "encode", lambda self, pcm: (pushed.append(len(pcm)), encode(self, pcm))[1])
-    monkeypatch.setattr(InputStream, "EAGER_S", 0.0)
 
     async def ask(url: str) -> tuple[str, bytes]:
         async with client(url).realtime.connect(model="qwen3-omni") as conn:
             await open_session(conn)
-            await append(conn, pcm_chunks(question, 480))
+            for chunk in pcm_chunks(question, 480):
+                await conn.input_audio_buffer.append(audio=chunk)
+                await asyncio.sleep(pace_s)
             await conn.input_audio_buffer.commit()
             await until(conn, "input_audio_buffer.committed")
             return await reply(conn)
@@ -56,9 +67,7 @@ def test_20ms_appends_reach_the_audio_worker_half_a_second_at_a_time(pipeline, m
         without = asyncio.run(ask(off[0]))
         pushed.clear()
         assert asyncio.run(ask(on[0])) == without
-    batch = int(24000 * InputStream.BATCH_S)
-    assert len(pushed) == 3, pushed  # 0.5 s, 0.5 s, and the last 0.3 s at the commit: not 65 jobs
-    assert pushed[:2] == [batch, batch] and sum(pushed) == len(question)
+    return pushed
 
 
 def test_the_server_sets_a_short_gil_switch_interval(pipeline):
@@ -76,25 +85,7 @@ def test_idle_audio_workers_take_appends_a_tenth_of_a_second_at_a_time(pipeline,
     """While no audio job is queued or running, the gathered appends go on at InputStream.EAGER_S: the commit then
     finds at most that much of its audio still to encode. The reply is unchanged."""
     question = speech_like(1.3, 24000, 4)
-    pushed: list[int] = []
-    encode = InputStream.encode
-    monkeypatch.setattr(InputStream, "encode", lambda self, pcm: (pushed.append(len(pcm)), encode(self, pcm))[1])
-
-    async def ask(url: str) -> tuple[str, bytes]:
-        async with client(url).realtime.connect(model="qwen3-omni") as conn:
-            await open_session(conn)
-            for chunk in pcm_chunks(question, 480):  # a live client's pace: the worker is idle between batches
-                await conn.input_audio_buffer.append(audio=chunk)
-                await asyncio.sleep(0.004)
-            await conn.input_audio_buffer.commit()
-            await until(conn, "input_audio_buffer.committed")
-            return await reply(conn)
-
-    with running(pipeline, ServerConfig(limits=LIMITS)) as on, \
-            running(pipeline, ServerConfig(limits=Limits(max_text_tokens=8, max_frames=6, encode_ahead=False))) as off:
-        without = asyncio.run(ask(off[0]))
-        pushed.clear()
-        assert asyncio.run(ask(on[0])) == without
+    pushed = batches_with_the_reply_unchanged(pipeline, monkeypatch, question, pace_s=0.004)  # a live client's pace
     eager, batch = int(24000 * InputStream.EAGER_S), int(24000 * InputStream.BATCH_S)
     assert sum(pushed) == len(question) and all(n % 480 == 0 or n == pushed[-1] for n in pushed)
     assert all(eager <= n <= batch for n in pushed[:-1]), pushed
