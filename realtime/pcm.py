@@ -22,16 +22,20 @@ def pcm16_to_float(data: bytes) -> torch.Tensor:
     return torch.from_numpy(np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0)
 
 
+def _int16(x: torch.Tensor) -> np.ndarray:
+    """x * 32768, rounded half to even and clipped, as little-endian int16 (in numpy: every audio delta of every
+    session comes through here on the event loop, and four torch ops cost twice the GIL time)."""
+    a = x.detach().float().cpu().numpy()
+    return np.clip(np.rint(a * np.float32(32768.0)), -32768, 32767).astype("<i2")
+
+
 def float_to_int16(x: torch.Tensor) -> torch.Tensor:
-    return torch.round(x.detach().float() * 32768.0).clamp(-32768, 32767).to(torch.int16)
+    return torch.from_numpy(_int16(x).astype(np.int16))
 
 
 def float_to_pcm16(x: torch.Tensor) -> bytes:
-    """Float samples -> little-endian int16 PCM bytes (x * 32768, rounded half to even and clipped, as
-    `float_to_int16`); exact inverse of the decode. In numpy: every audio delta of every session comes through
-    here on the event loop, and four torch ops cost twice the GIL time."""
-    a = x.detach().float().cpu().numpy()
-    return np.clip(np.rint(a * np.float32(32768.0)), -32768, 32767).astype("<i2").tobytes()
+    """Float samples -> little-endian int16 PCM bytes; exact inverse of the decode."""
+    return _int16(x).tobytes()
 
 
 def _segment(magnitude: torch.Tensor, seg_end: tuple[int, ...]) -> torch.Tensor:

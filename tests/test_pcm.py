@@ -86,12 +86,13 @@ def test_pcm16_round_trip() -> None:
 
 
 def test_pcm16_bytes_are_the_torch_rounding() -> None:
-    """The numpy encoder rounds as `float_to_int16` does: half to even, then clipped (also bf16 and CUDA-less views)."""
+    """The numpy encoder rounds as torch does: half to even, then clipped (also bf16 and strided views)."""
     halves = (torch.arange(-40, 40) + 0.5) / 32768
     x = torch.cat([torch.randn(20000, generator=torch.Generator().manual_seed(0)) * 0.7, halves,
                    torch.tensor([1.0, -1.0, 0.99999, -1.00001, float(2**-16), -float(2**-16)])])
     for v in (x, x[::3], x.to(torch.bfloat16), x[None, :].T[:, 0]):
-        assert float_to_pcm16(v) == float_to_int16(v).numpy().astype("<i2").tobytes()
+        want = torch.round(v.float() * 32768.0).clamp(-32768, 32767).to(torch.int16)
+        assert float_to_pcm16(v) == want.numpy().astype("<i2").tobytes() and torch.equal(float_to_int16(v), want)
     assert float_to_pcm16(halves)[:4] == np.array([-40, -38], "<i2").tobytes()  # -39.5 -> -40, -38.5 -> -38
 
 
