@@ -48,7 +48,7 @@ import multiprocessing
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -312,11 +312,14 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
             server_ttfa.clear()
             commit_input.clear()
             timings.clear()
+            trace = asyncio.create_task(trace_window(pipeline, args, i)) if args.trace_s else None
             sessions = await clients(n, args.spread_s, args.turns, args.pause_s, args.timeout_s)
             line = {**header, **policy, "bench": "load", "audio_seconds": args.audio_seconds,
                     "text_tokens": args.text_tokens, "frames": args.frames, "spread_s": args.spread_s}
             line["engine"] = engine_delta(before, engine(pipeline))
             line["engine"]["milestone_ms_p50_p95"] = milestone_gaps(timings)
+            if trace is not None:
+                line["gpu_trace"] = await trace
             # from the commit's arrival to the first delta handed to the socket, and its first part: the commit's
             # audio resampled and encoded on an audio worker
             for key, seconds in (("server_ttfa", server_ttfa), ("commit_input", commit_input)):
@@ -337,6 +340,22 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
             pool.shutdown()
         await runner.cleanup()
     return lines
+
+
+async def trace_window(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict:
+    """The GPU's timeline (benchmarks/gpu_trace.py) from --trace-at to --trace-at + --trace-s into the level."""
+    from benchmarks.gpu_trace import GpuTrace
+
+    at, seconds = (xs[level % len(xs)] for xs in (args.trace_at, args.trace_s))
+    await asyncio.sleep(at)
+    trace, loop = GpuTrace(pipeline), asyncio.get_running_loop()
+    with ThreadPoolExecutor(1) as one:  # the profiler starts and stops on one thread, off the server's loop
+        await loop.run_in_executor(one, trace.start)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            summary = await loop.run_in_executor(one, trace.stop)
+    return {"at_s": at, "seconds": seconds, **summary}
 
 
 PREFILL_STAGES = ("thinker", "talker")  # the stages --decode-after-prefill turns on
@@ -538,6 +557,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--fed-s", type=_floats,
                     help=f"a new turn waits while a playing stream has less audio buffered (the server's: {FED_S}; "
                          "0: never); a comma-separated list cycles over the levels, as --urgent-s does")
+    ap.add_argument("--trace-s", type=_floats,
+                    help="CUDA only: record the GPU's kernels for this many seconds of each level, from --trace-at "
+                         "into it, and add where the GPU's time went by stage and its idle gaps to the level's "
+                         "line (gpu_trace; benchmarks/gpu_trace.py); a comma-separated list cycles over the levels")
+    ap.add_argument("--trace-at", type=_floats, default=[0.0],
+                    help="seconds into each level the --trace-s window starts (default 0; a list cycles)")
     ap.add_argument("--no-encode-ahead", action="store_true",
                     help="serve --no-encode-ahead: the audio is encoded at the commit, not as it arrives")
     args = ap.parse_args(argv)
@@ -554,6 +579,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             min(args.eager_input_s or [0]) < 0 or (args.stream_batch is not None and args.stream_batch < 1):
         ap.error("need --client-processes >= 1, --urgent-s >= 0, --fed-s >= 0, --eager-input-s >= 0 and "
                  "--stream-batch >= 1")
+    if args.trace_s and (min(args.trace_s) <= 0 or min(args.trace_at) < 0 or not args.device.startswith("cuda")):
+        ap.error("--trace-s needs CUDA, values > 0 and --trace-at >= 0")
     if args.threads is None:
         args.threads = default_threads(args.device)
     if args.threads < 1:

@@ -107,6 +107,7 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=8)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--profile-dir", help="CUDA: write an eager kernel profile of the largest batch size's step here")
     args = ap.parse_args()
     sizes, dev = [int(b) for b in args.buckets.split(",")], torch.device(args.device)
     cfg = OmniConfig.from_hf(tiny_config("a") if args.tiny else json.loads(FULL_CONFIG.read_text())).code2wav
@@ -123,6 +124,13 @@ def main() -> None:
     out = {"device": name, "tiny": args.tiny, "torch": torch.__version__, "dtype": "bfloat16"}
     out["buckets"] = {str(s): bucket(dec, s, args.iters, codes) for s in sorted(sizes, reverse=True)}
     out["long_stream"] = long_stream(model, codes[:1])
+    if args.profile_dir and dev.type == "cuda":
+        from benchmarks.bench_step import profile
+
+        n = max(sizes)
+        slots, frame = torch.arange(n, device=dev), codes[:n, :, 0].clone()
+        with torch.no_grad():
+            profile(lambda _: dec.step(slots, frame), {}, Path(args.profile_dir) / f"profile_code2wav_B{n}.txt")
     print(json.dumps(out))
 
 
