@@ -100,6 +100,41 @@ def long_stream(model: Code2Wav, codes: torch.Tensor) -> dict:
             "stream_vs_decode_rel": rel(streamed, whole)}
 
 
+def conv_gemm(x: torch.Tensor, conv: torch.nn.Conv1d) -> torch.Tensor:
+    """conv(x) for groups 1, no padding, stride 1, as one batched matmul of the weight by the input's columns."""
+    b, c, length = x.shape
+    co, _, k = conv.weight.shape
+    d = conv.dilation[0]
+    t = length - (k - 1) * d
+    cols = x.as_strided((b, c, k, t), (x.stride(0), x.stride(1), d * x.stride(2), x.stride(2))).reshape(b, c * k, t)
+    w = conv.weight.reshape(co, c * k).expand(b, co, c * k)
+    return torch.baddbmm(conv.bias[None, :, None].expand(b, co, t), w, cols)
+
+
+@torch.no_grad()
+def conv_layers(dec: Code2WavSlots, n: int, codes: torch.Tensor, iters: int) -> list[list]:
+    """Each Conv1d of one streaming step at batch n, on the input it was given there: ms with cuDNN's default
+    algorithm, with cuDNN's benchmark mode, and as conv_gemm (groups 1), and conv_gemm's relative error."""
+    seen: list[tuple[torch.nn.Conv1d, torch.Tensor]] = []
+    hooks = [m.register_forward_hook(lambda mod, inp, out: seen.append((mod, inp[0].clone())))
+             for m in dec.model.modules() if isinstance(m, torch.nn.Conv1d)]
+    dec.step(torch.arange(n, device=codes.device), codes[:n, :, 0].clone())
+    for h in hooks:
+        h.remove()
+    rows = []
+    for conv, x in seen:
+        want = conv(x)
+        row = [conv.in_channels, conv.out_channels, conv.kernel_size[0], conv.dilation[0], conv.groups,
+               x.shape[-1], round(timed(lambda c=conv, x=x: c(x), iters, True), 4)]
+        with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False, allow_tf32=True):
+            conv(x)
+            row.append(round(timed(lambda c=conv, x=x: c(x), iters, True), 4))
+        if conv.groups == 1 and conv.bias is not None:
+            row += [round(timed(lambda c=conv, x=x: conv_gemm(x, c), iters, True), 4), rel(conv_gemm(x, conv), want)]
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--buckets", default="1,8,64")
@@ -107,6 +142,8 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=8)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--layers", action="store_true", help="CUDA: time each Conv1d of the largest batch's step "
+                    "(cuDNN default, cuDNN benchmark mode, conv_gemm)")
     ap.add_argument("--profile-dir", help="CUDA: write an eager kernel profile of the largest batch size's step here")
     args = ap.parse_args()
     sizes, dev = [int(b) for b in args.buckets.split(",")], torch.device(args.device)
@@ -124,6 +161,8 @@ def main() -> None:
     out = {"device": name, "tiny": args.tiny, "torch": torch.__version__, "dtype": "bfloat16"}
     out["buckets"] = {str(s): bucket(dec, s, args.iters, codes) for s in sorted(sizes, reverse=True)}
     out["long_stream"] = long_stream(model, codes[:1])
+    if args.layers and dev.type == "cuda":
+        out["conv_layers"] = conv_layers(dec, max(sizes), codes, args.iters)
     if args.profile_dir and dev.type == "cuda":
         from benchmarks.bench_step import profile
 

@@ -34,6 +34,7 @@ SCRIPT = textwrap.dedent(
     import json, sys, torch
     from models.common import fused
     from models.common.fused import rope_torch as apply_rope
+    from models.common.code2wav import SnakeBeta
     from models.common.layers import RMSNorm, Rope, SelfAttention
 
     imported_triton = "triton" in sys.modules  # importing the model must not import triton
@@ -92,6 +93,15 @@ SCRIPT = textwrap.dedent(
             if cos_b < b:  # rope alone (Code2Wav's attention has no QK norm), on one shape to keep this quick
                 got = fused.qk_norm_rope_triton(q, k, None, None, 1e-6, cos, sin)
                 report(f"rope{(b, t, hq, hkv)}", dtype, got, [apply_rope(q, cos, sin), apply_rope(k, cos, sin)])
+        for shape, strided in [((2, 96, 1974), False), ((1, 768, 40), False), ((3, 5, 7), False),
+                               ((2, 96, 300), True)]:  # Code2Wav's widths; a ragged last block; a strided slice
+            m = SnakeBeta(shape[1]).to(dtype).requires_grad_(False)
+            m.alpha.normal_(0, 0.5)
+            m.beta.normal_(0, 0.5)
+            x = torch.randn(shape).to(dtype) * 2
+            x = x[..., 100:] if strided else x
+            got, want = fused.snake_triton(x, m.alpha, m.beta), fused.snake_torch(x, m.alpha, m.beta)
+            report(f"snake{tuple(x.shape)}", dtype, [got], [want])
     print(json.dumps({"imported_triton": imported_triton, "cases": out}))
     """
 )
@@ -117,7 +127,7 @@ def test_importing_the_model_does_not_import_triton(run: dict) -> None:
 
 def test_interpreted_cases_cover_every_kernel_and_dtype(interpreted: list[list]) -> None:
     names = {(name.split("(")[0], dtype) for name, dtype, *_ in interpreted}
-    kernels = {"rms_norm", "add_rms_norm", "qk_norm_rope", "rope"}
+    kernels = {"rms_norm", "add_rms_norm", "qk_norm_rope", "rope", "snake"}
     assert names == {(k, f"torch.{d}") for k in kernels for d in ("float32", "float16", "bfloat16")}
 
 

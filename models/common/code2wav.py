@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.common import fused
 from models.common.config import Code2WavConfig
 from models.common.layers import DenseKVCache, KVCache, LayerStack, RMSNorm, Rope, SelfAttention, SwiGLU
 
@@ -62,8 +63,7 @@ class SnakeBeta(nn.Module):
         self.beta = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        alpha, beta = self.alpha.exp()[:, None], self.beta.exp()[:, None]
-        return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
+        return fused.snake(x, self.alpha, self.beta)
 
 
 class ConvNeXt(nn.Module):

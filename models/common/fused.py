@@ -1,5 +1,6 @@
-"""Fused Triton kernels (one each instead of 5 to 24) for RMSNorm, residual add + RMSNorm, and per-head QK
-RMSNorm + rotate-half rope, on CUDA tensors at inference; anything else takes the torch path.
+"""Fused Triton kernels (one each instead of 5 to 24) for RMSNorm, residual add + RMSNorm, per-head QK
+RMSNorm + rotate-half rope, and the codec's SnakeBeta, on CUDA tensors at inference; anything else takes the torch
+path.
 
 They round where the torch path rounds (the norm in float32, cast to the dtype, then the weight multiply
 rounded; rope's products and sum each rounded) and with no FMA contraction (`enable_fp_fusion=False`),
@@ -30,6 +31,11 @@ def rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+def snake_torch(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    alpha, beta = alpha.exp()[:, None], beta.exp()[:, None]
+    return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
 
 
 def _use_triton(*ts: torch.Tensor | None) -> bool:
@@ -65,6 +71,13 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None
     if q_weight is not None:
         q, k = rms_norm_torch(q, q_weight, eps), rms_norm_torch(k, k_weight, eps)
     return rope_torch(q, cos, sin), rope_torch(k, cos, sin)
+
+
+def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """SnakeBeta over x [B, C, T] with per-channel log-scale alpha and beta [C]."""
+    if _use_triton(x, alpha, beta) and x.dim() == 3 and _vec(alpha, x.shape[1]) and _vec(beta, x.shape[1]):
+        return snake_triton(x, alpha, beta)
+    return snake_torch(x, alpha, beta)
 
 
 def _pow2(n: int) -> int:
@@ -123,3 +136,17 @@ def qk_norm_rope_triton(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor
             NORM=norm, HALF=d // 2, BLOCK=block, num_warps=_warps(block), enable_fp_fusion=False,
         )
     return qo, ko
+
+
+SNAKE_BLOCK = 1024
+
+
+def snake_triton(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    from . import fused_kernels as K
+
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    if x.numel():
+        K._snake[(-(-x.numel() // SNAKE_BLOCK),)](x, alpha, beta, out, x.numel(), x.shape[2], x.shape[1],
+                                                   BLOCK=SNAKE_BLOCK, num_warps=4, enable_fp_fusion=False)
+    return out

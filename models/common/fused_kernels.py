@@ -66,3 +66,19 @@ def _qk_norm_rope(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr
         _norm_rope_head(k_ptr + bi * skb + ti * skt + (h - HQ) * skh,
                         ko_ptr + (row * (nh - HQ) + h - HQ) * 2 * HALF, kw_ptr,
                         cos, sin, eps, inv_d, NORM, HALF, BLOCK)
+
+@triton.jit
+def _snake(x_ptr, alpha_ptr, beta_ptr, out_ptr, n, t, c, BLOCK: tl.constexpr):
+    """SnakeBeta on a contiguous [B, C, T]: x + 1 / (exp(beta) + 1e-9) * sin(x * exp(alpha))^2 per channel, each
+    operation rounded to x's dtype as eager's separate kernels round."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    x = tl.load(x_ptr + i, mask=m, other=0.0)
+    dt = x.dtype
+    ch = (i // t) % c
+    a = tl.exp(tl.load(alpha_ptr + ch, mask=m, other=0.0).to(tl.float32)).to(dt).to(tl.float32)
+    b = tl.exp(tl.load(beta_ptr + ch, mask=m, other=0.0).to(tl.float32)).to(dt).to(tl.float32)
+    inv = (1.0 / (b + 1e-9).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    s = tl.sin((x.to(tl.float32) * a).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    s = (s * s).to(dt).to(tl.float32)
+    tl.store(out_ptr + i, (x.to(tl.float32) + (inv * s).to(dt).to(tl.float32)).to(dt), mask=m)
