@@ -312,7 +312,8 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
             server_ttfa.clear()
             commit_input.clear()
             timings.clear()
-            trace = asyncio.create_task(trace_window(pipeline, args, i)) if args.trace_s else None
+            traced = args.trace_s and args.trace_s[i % len(args.trace_s)] > 0
+            trace = asyncio.create_task(trace_window(pipeline, args, i)) if traced else None
             sessions = await clients(n, args.spread_s, args.turns, args.pause_s, args.timeout_s)
             line = {**header, **policy, "bench": "load", "audio_seconds": args.audio_seconds,
                     "text_tokens": args.text_tokens, "frames": args.frames, "spread_s": args.spread_s}
@@ -560,7 +561,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--trace-s", type=_floats,
                     help="CUDA only: record the GPU's kernels for this many seconds of each level, from --trace-at "
                          "into it, and add where the GPU's time went by stage and its idle gaps to the level's "
-                         "line (gpu_trace; benchmarks/gpu_trace.py); a comma-separated list cycles over the levels")
+                         "line (gpu_trace; benchmarks/gpu_trace.py); a comma-separated list cycles over the levels "
+                         "(0: none). Tracing slows the engine, and reading the trace out holds the GIL: a traced "
+                         "level's other numbers are not comparable")
     ap.add_argument("--trace-at", type=_floats, default=[0.0],
                     help="seconds into each level the --trace-s window starts (default 0; a list cycles)")
     ap.add_argument("--no-encode-ahead", action="store_true",
@@ -579,8 +582,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             min(args.eager_input_s or [0]) < 0 or (args.stream_batch is not None and args.stream_batch < 1):
         ap.error("need --client-processes >= 1, --urgent-s >= 0, --fed-s >= 0, --eager-input-s >= 0 and "
                  "--stream-batch >= 1")
-    if args.trace_s and (min(args.trace_s) <= 0 or min(args.trace_at) < 0 or not args.device.startswith("cuda")):
-        ap.error("--trace-s needs CUDA, values > 0 and --trace-at >= 0")
+    if args.trace_s and (min(args.trace_s) < 0 or min(args.trace_at) < 0 or not args.device.startswith("cuda")):
+        ap.error("--trace-s needs CUDA, values >= 0 and --trace-at >= 0")
     if args.threads is None:
         args.threads = default_threads(args.device)
     if args.threads < 1:

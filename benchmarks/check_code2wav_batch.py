@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.common.code2wav import Code2Wav  # noqa: E402
+from models.common.code2wav import Code2Wav, conv_matmul  # noqa: E402
 from models.common.code2wav_batch import Code2WavSlots  # noqa: E402
 from models.common.weights import random_weights_  # noqa: E402
 from models.qwen3_omni.config import OmniConfig  # noqa: E402
@@ -100,21 +100,10 @@ def long_stream(model: Code2Wav, codes: torch.Tensor) -> dict:
             "stream_vs_decode_rel": rel(streamed, whole)}
 
 
-def conv_gemm(x: torch.Tensor, conv: torch.nn.Conv1d) -> torch.Tensor:
-    """conv(x) for groups 1, no padding, stride 1, as one batched matmul of the weight by the input's columns."""
-    b, c, length = x.shape
-    co, _, k = conv.weight.shape
-    d = conv.dilation[0]
-    t = length - (k - 1) * d
-    cols = x.as_strided((b, c, k, t), (x.stride(0), x.stride(1), d * x.stride(2), x.stride(2))).reshape(b, c * k, t)
-    w = conv.weight.reshape(co, c * k).expand(b, co, c * k)
-    return torch.baddbmm(conv.bias[None, :, None].expand(b, co, t), w, cols)
-
-
 @torch.no_grad()
 def conv_layers(dec: Code2WavSlots, n: int, codes: torch.Tensor, iters: int) -> list[list]:
     """Each Conv1d of one streaming step at batch n, on the input it was given there: ms with cuDNN's default
-    algorithm, with cuDNN's benchmark mode, and as conv_gemm (groups 1), and conv_gemm's relative error."""
+    algorithm, with cuDNN's benchmark mode, and as conv_matmul (groups 1), and conv_matmul's relative error."""
     seen: list[tuple[torch.nn.Conv1d, torch.Tensor]] = []
     hooks = [m.register_forward_hook(lambda mod, inp, out: seen.append((mod, inp[0].clone())))
              for m in dec.model.modules() if isinstance(m, torch.nn.Conv1d)]
@@ -130,7 +119,8 @@ def conv_layers(dec: Code2WavSlots, n: int, codes: torch.Tensor, iters: int) -> 
             conv(x)
             row.append(round(timed(lambda c=conv, x=x: c(x), iters, True), 4))
         if conv.groups == 1 and conv.bias is not None:
-            row += [round(timed(lambda c=conv, x=x: conv_gemm(x, c), iters, True), 4), rel(conv_gemm(x, conv), want)]
+            matmul_ms = timed(lambda c=conv, x=x: conv_matmul(x, c), iters, True)
+            row += [round(matmul_ms, 4), rel(conv_matmul(x, conv), want)]
         rows.append(row)
     return rows
 
@@ -143,7 +133,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--layers", action="store_true", help="CUDA: time each Conv1d of the largest batch's step "
-                    "(cuDNN default, cuDNN benchmark mode, conv_gemm)")
+                    "(cuDNN default, cuDNN benchmark mode, conv_matmul)")
     ap.add_argument("--profile-dir", help="CUDA: write an eager kernel profile of the largest batch size's step here")
     args = ap.parse_args()
     sizes, dev = [int(b) for b in args.buckets.split(",")], torch.device(args.device)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-MARK = "spin_kernel"  # torch.cuda._sleep's kernel
+MARK = "spin_kernel"  # in the name of torch.cuda._sleep's kernel
 MARK_CYCLES = 200_000  # stage i's mark spins (i + 1) times this (about 0.1 ms each at the H200's clock)
 STEP_GAP_NS = 300_000  # a stage's kernels with no gap this long between them are one step
 
@@ -65,7 +65,7 @@ def steps_ns(spans: list[tuple[int, int]], gap_ns: int = STEP_GAP_NS) -> list[tu
 
 def stage_of_streams(kernels: list[Kernel], stages: list[str]) -> dict[int, str]:
     """Stream -> stage, from the marks: the k-th shortest mark ran on stage k's stream."""
-    marks = sorted((k for k in kernels if k.name == MARK), key=lambda k: k.end_ns - k.start_ns)
+    marks = sorted((k for k in kernels if MARK in k.name), key=lambda k: k.end_ns - k.start_ns)
     return {k.stream: stages[i] for i, k in enumerate(marks[: len(stages)])}
 
 
@@ -79,7 +79,7 @@ def summarize(kernels: list[Kernel], stages: list[str], top: int = 8) -> dict:
     whole GPU: busy share, the time two or more stages ran at once, and the idle gaps (count over 0.2 ms, p50,
     p95, max, total)."""
     names = stage_of_streams(kernels, stages)
-    work = [k for k in kernels if k.name != MARK]
+    work = [k for k in kernels if MARK not in k.name]
     if not work:
         return {"kernels": 0}
     t0, t1 = min(k.start_ns for k in work), max(k.end_ns for k in work)

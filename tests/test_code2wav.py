@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from models.common.code2wav import Code2Wav
+from models.common.code2wav import Code2Wav, conv_matmul
 from models.common.code2wav_batch import Code2WavSlots
 from models.common.config import Code2WavConfig
 from models.qwen3_omni.config import OmniConfig
@@ -198,3 +198,14 @@ def test_interleaved_streams_equal_each_alone(c2w):
     for row in range(2):
         alone = torch.cat(stream(c2w.ours64, codes[row : row + 1], chunks), dim=-1)[:, 0]
         assert (torch.cat(outs[row], dim=-1) - alone).abs().max() <= EXACT
+
+
+@pytest.mark.parametrize("dilation, bias, strided", [(1, True, False), (3, True, True), (9, False, False)])
+def test_conv_matmul_equals_the_conv(dilation, bias, strided):
+    """The matmul form some dilated convs take on CUDA (chosen there by timing) computes the conv itself."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv1d(6, 5, 7, dilation=dilation, bias=bias).double()
+    x = torch.randn(3, 6, 120, dtype=torch.float64)
+    x = x[..., 20:] if strided else x
+    with torch.no_grad():
+        torch.testing.assert_close(conv_matmul(x, conv), conv(x), rtol=1e-12, atol=1e-12)

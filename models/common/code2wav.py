@@ -10,7 +10,7 @@ F frames decode to F * 1920 - `holdback` (555) samples. code2wav_batch.py stream
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +21,50 @@ from models.common.config import Code2WavConfig
 from models.common.layers import DenseKVCache, KVCache, LayerStack, RMSNorm, Rope, SelfAttention, SwiGLU
 
 
+def _joined(x: torch.Tensor, left: torch.Tensor | None, context: int) -> torch.Tensor:
+    """x [B, C, T] after its `context` inputs of left context (zeros when None)."""
+    return F.pad(x, (context, 0)) if left is None else torch.cat((left, x), dim=-1)
+
+
+def conv_matmul(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
+    """conv(x) (groups 1, stride 1, no padding) as one batched matmul of the weight by x's columns."""
+    b, c, length = x.shape
+    co, _, k = conv.weight.shape
+    d = conv.dilation[0]
+    t = length - (k - 1) * d
+    cols = x.as_strided((b, c, k, t), (x.stride(0), x.stride(1), d * x.stride(2), x.stride(2))).reshape(b, c * k, t)
+    bias = conv.bias if conv.bias is not None else x.new_zeros(co)
+    return torch.baddbmm(bias[None, :, None].expand(b, co, t), conv.weight.reshape(co, c * k).expand(b, co, c * k),
+                         cols)
+
+
+_FASTER: dict[tuple, bool] = {}  # (conv's shape, input's shape, dtype, device) -> conv_matmul is the faster
+
+
+def _matmul_faster(conv: nn.Conv1d, x: torch.Tensor) -> bool:
+    """For some dilated convs cuDNN picks a kernel 6-12x slower than conv_matmul (0.9 ms against 0.07-0.14 ms at
+    48 rows on the H200, benchmarks/check_code2wav_batch.py --layers), for others it is up to 2x faster: the
+    first call of each shape times both and keeps the faster (a call while a CUDA graph is captured takes cuDNN's
+    unless that shape was timed, as the capture's eager warm-up does)."""
+    key = (tuple(conv.weight.shape), conv.dilation[0], tuple(x.shape), x.dtype, x.device)
+    if key not in _FASTER:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        _FASTER[key] = _time(lambda: conv_matmul(x, conv)) < _time(lambda: conv(x))
+    return _FASTER[key]
+
+
+def _time(fn: Callable[[], torch.Tensor], reps: int = 5) -> float:
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 class CausalConv(nn.Module):
     def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1, groups: int = 1) -> None:
         super().__init__()
@@ -29,8 +73,14 @@ class CausalConv(nn.Module):
 
     def forward(self, x: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
         """x: [B, C, T]; `left`: the `context` inputs before x (zeros when None)."""
-        x = F.pad(x, (self.context, 0)) if left is None else torch.cat((left, x), dim=-1)
-        return self.conv(x)
+        return self.joined(_joined(x, left, self.context))
+
+    def joined(self, seq: torch.Tensor) -> torch.Tensor:
+        """`forward` of seq's last T inputs, seq's first `context` their left context."""
+        conv = self.conv
+        if conv.dilation[0] > 1 and conv.groups == 1 and seq.is_cuda and _matmul_faster(conv, seq):
+            return conv_matmul(seq, conv)
+        return conv(seq)
 
 
 class CausalTransConv(nn.Module):
@@ -49,11 +99,16 @@ class CausalTransConv(nn.Module):
     def forward(self, x: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
         """[B, C, T] -> [B, C', (T - lookahead) * stride]; `left` (causal only): the `context` inputs before x."""
         if self.context:
-            n = 0 if left is None else left.shape[-1] * self.conv.stride[0]
-            y = self.conv(x if left is None else torch.cat((left, x), dim=-1))
-            return y[..., n : y.shape[-1] - self.trim]
+            return self.joined(x if left is None else torch.cat((left, x), dim=-1), 0 if left is None else None)
         y = self.conv(x)
         return y[..., self.trim : y.shape[-1] - self.trim]
+
+    def joined(self, seq: torch.Tensor, left: int | None = None) -> torch.Tensor:
+        """Causal: `forward` of seq's inputs after its first `left` (default `context`), their left context.
+        Zeros there change nothing after them, so a fresh stream's zeros equal no context."""
+        n = (self.context if left is None else left) * self.conv.stride[0]
+        y = self.conv(seq)
+        return y[..., n : y.shape[-1] - self.trim]
 
 
 class SnakeBeta(nn.Module):
@@ -77,9 +132,12 @@ class ConvNeXt(nn.Module):
         self.context = self.dwconv.context
 
     def forward(self, x: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
-        h = self.norm(self.dwconv(x, left).transpose(1, 2))
+        return self.joined(_joined(x, left, self.context))
+
+    def joined(self, seq: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.dwconv.joined(seq).transpose(1, 2))
         h = self.pwconv2(F.gelu(self.pwconv1(h)))
-        return x + (self.gamma * h).transpose(1, 2)
+        return seq[..., self.context :] + (self.gamma * h).transpose(1, 2)
 
 
 class ResidualUnit(nn.Module):
@@ -92,9 +150,12 @@ class ResidualUnit(nn.Module):
         self.context = self.conv1.context
 
     def forward(self, x: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
-        # SnakeBeta is pointwise, so conv1's left context is act1 of x's left context.
-        h = self.conv1(self.act1(x), None if left is None else self.act1(left))
-        return x + self.conv2(self.act2(h))
+        return self.joined(_joined(x, left, self.context))
+
+    def joined(self, seq: torch.Tensor) -> torch.Tensor:
+        # SnakeBeta is pointwise and 0 at 0, so act1 of the padded input is the padded act1 of the input.
+        h = self.conv1.joined(self.act1(seq))
+        return seq[..., self.context :] + self.conv2(self.act2(h))
 
 
 class DecoderBlock(nn.Module):

@@ -178,7 +178,7 @@ class Code2WavSlots:
                 left = self.tails[i].index_select(0, slots)
                 joined = torch.cat((left, h), dim=-1)
                 self.tails[i].index_copy_(0, slots, joined[..., joined.shape[-1] - layer.context :])
-                h = layer(h, left)
+                h = layer.joined(joined)
             elif i in self.pending:
                 seq = h if fresh else torch.cat((self.pending[i].index_select(0, slots), h), dim=-1)
                 self.pending[i].index_copy_(0, slots, seq[..., seq.shape[-1] - layer.lookahead :])
