@@ -264,7 +264,7 @@ def conversation_summary(sessions: list[list[Result]], args: argparse.Namespace)
 async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[int], header: dict) -> list[dict]:
     limits = Limits(max_text_tokens=args.text_tokens, max_frames=args.frames, encode_ahead=not args.no_encode_ahead)
     server = Server(pipeline, ServerConfig(max_sessions=max(levels) + 1, max_sessions_per_client=max(levels) + 1,
-                                           limits=limits, gil_switch_ms=args.gil_switch_ms))
+                                           limits=limits, gil_switch_ms=args.gil_switch_ms[0]))
     server_ttfa: list[float] = []  # the server's own time to first audio (its histogram's observations), seconds
     timings: list[dict[str, float]] = []  # each ended response's engine milestones (TurnDone.timings)
     commit_input: list[float] = []  # from each commit to its audio encoded (omni_commit_input_seconds), seconds
@@ -371,7 +371,8 @@ def set_policy(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict
         return None if values is None else values[level % len(values)]
 
     urgent, after, fed, seal = pick(args.urgent_s), pick(args.decode_after_prefill), pick(args.fed_s), pick(args.seal)
-    eager = pick(args.eager_input_s)
+    eager, switch_ms = pick(args.eager_input_s), pick(args.gil_switch_ms)
+    sys.setswitchinterval(switch_ms / 1000)  # process-wide, as the server sets it
     program = pipeline.program
     if seal is not None:  # the server is in this process: its audio workers call the class's seal
         AudioStream.seal = SEAL if seal else lambda self: None
@@ -385,7 +386,8 @@ def set_policy(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict
         program.admission.fed_s = fed
     talker = program.by_name.get("talker") or program.by_name["thinker"]
     return {"urgent_s": talker.scheduler.urgent_s, "decode_after_prefill": talker.cfg.decode_after_prefill,
-            "fed_s": program.admission.fed_s, "seal": AudioStream.seal is SEAL, "eager_input_s": InputStream.EAGER_S}
+            "fed_s": program.admission.fed_s, "seal": AudioStream.seal is SEAL, "eager_input_s": InputStream.EAGER_S,
+            "gil_switch_ms": switch_ms}
 
 
 def _floats(text: str) -> list[float]:
@@ -526,8 +528,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     "much of the GPU, and the KV caches what it leaves")
     ap.add_argument("--no-overlap", action="store_true",
                     help="the thinker's decode runs before the talker's, not beside it (StageConfig.overlap off)")
-    ap.add_argument("--gil-switch-ms", type=float, default=ServerConfig.gil_switch_ms,
-                    help=f"serve --gil-switch-ms (default {ServerConfig.gil_switch_ms}; Python's own: 5)")
+    ap.add_argument("--gil-switch-ms", type=_floats, default=[ServerConfig.gil_switch_ms],
+                    help=f"serve --gil-switch-ms (default {ServerConfig.gil_switch_ms}; Python's own: 5); a "
+                         "comma-separated list cycles over the levels, as --urgent-s does")
     ap.add_argument("--threads", type=int,
                     help="torch CPU threads, as serve --threads (default: serve's, 1 on CUDA, min(4, cores) on CPU; "
                          "before 2026-12-02's seventh session the benchmark left torch's own, one per core)")
@@ -579,9 +582,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         ap.error("need --audio-seconds >= 0.2 (the server's minimum commit is 100 ms), --spread-s >= 0, "
                  "--text-tokens >= 1, --frames >= 1")
     if args.client_processes < 1 or min(args.urgent_s or [0]) < 0 or min(args.fed_s or [0]) < 0 or \
-            min(args.eager_input_s or [0]) < 0 or (args.stream_batch is not None and args.stream_batch < 1):
-        ap.error("need --client-processes >= 1, --urgent-s >= 0, --fed-s >= 0, --eager-input-s >= 0 and "
-                 "--stream-batch >= 1")
+            min(args.eager_input_s or [0]) < 0 or (args.stream_batch is not None and args.stream_batch < 1) or \
+            min(args.gil_switch_ms) <= 0:
+        ap.error("need --client-processes >= 1, --urgent-s >= 0, --fed-s >= 0, --eager-input-s >= 0, "
+                 "--stream-batch >= 1 and --gil-switch-ms > 0")
     if args.trace_s and (min(args.trace_s) < 0 or min(args.trace_at) < 0 or not args.device.startswith("cuda")):
         ap.error("--trace-s needs CUDA, values >= 0 and --trace-at >= 0")
     if args.threads is None:
@@ -610,8 +614,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     header["gpu_memory_gib"] = args.gpu_memory_gib
     header["clients_in_process"] = args.clients_in_process
     header["client_processes"] = 0 if args.clients_in_process else args.client_processes
-    header["gil_switch_ms"] = args.gil_switch_ms
-    threads = torch.get_num_threads()
+    threads, switch_s = torch.get_num_threads(), sys.getswitchinterval()
     torch.set_num_threads(args.threads)
     header["threads"] = args.threads
     try:
@@ -622,6 +625,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         AudioStream.seal = SEAL  # --seal 0 switched it off for this process's server only
         InputStream.EAGER_S = EAGER_S
         torch.set_num_threads(threads)
+        sys.setswitchinterval(switch_s)
     print(table(lines), file=sys.stderr)
     return lines
 

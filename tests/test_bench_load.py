@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from benchmarks.bench_load import EAGER_S, SEAL, START_BUFFER_S, Player, main
+from benchmarks.gpu_trace import STEP_GAP_NS, Kernel, idle_gaps_ns, steps_ns, summarize, union_ns
 from models.qwen3_omni.audio_stream import AudioStream
 from realtime.audio import InputStream
 
@@ -84,14 +85,17 @@ def test_conversations_of_two_turns_through_the_real_server(tmp_path: Path, caps
 
 def test_the_policy_flags_cycle_over_the_levels(capsys: pytest.CaptureFixture) -> None:
     """Each given flag's list cycles over the levels; a stage's prefill gate follows its launch unless given."""
-    threads = torch.get_num_threads()
+    threads, switch_s = torch.get_num_threads(), sys.getswitchinterval()
     lines = main(["--tiny", "--device", "cpu", "--sessions", "1,1,1", "--audio-seconds", "0.5", "--text-tokens", "2",
                   "--frames", "3", "--timeout-s", "60", "--decode-after-prefill", "1,0", "--fed-s", "0,0.1,0.2",
                   "--seal", "0,1,0", "--eager-input-s", "0,0.2", "--stream-batch", "3", "--clients-in-process",
-                  "--threads", "1"])
-    policies = [(x["urgent_s"], x["decode_after_prefill"], x["fed_s"], x["seal"], x["eager_input_s"]) for x in lines]
-    assert policies == [(0.0, True, 0.0, False, 0.0), (0.25, False, 0.1, True, 0.2), (0.0, True, 0.2, False, 0.0)]
+                  "--threads", "1", "--gil-switch-ms", "0.5,0.1"])
+    policies = [(x["urgent_s"], x["decode_after_prefill"], x["fed_s"], x["seal"], x["eager_input_s"],
+                 x["gil_switch_ms"]) for x in lines]
+    assert policies == [(0.0, True, 0.0, False, 0.0, 0.5), (0.25, False, 0.1, True, 0.2, 0.1),
+                        (0.0, True, 0.2, False, 0.0, 0.5)]
     assert AudioStream.seal is SEAL and InputStream.EAGER_S == EAGER_S  # the server's own once the benchmark is done
+    assert sys.getswitchinterval() == switch_s
     assert all(x["threads"] == 1 for x in lines) and torch.get_num_threads() == threads
     assert all(x["stream_batch"] == 3 for x in lines)
     assert all(x["errors"] == 0 and x["measured"] == 1 for x in lines)
@@ -118,7 +122,8 @@ def test_player_counts_gaps_after_the_start_buffer() -> None:
                                  ["--turns", "0"], ["--pause-s", "-1"], ["--client-processes", "0"],
                                  ["--urgent-s", "-0.1"], ["--urgent-s", "0.25,x"], ["--fed-s", "-1"],
                                  ["--decode-after-prefill", "0,2"], ["--seal", "yes"], ["--stream-batch", "0"],
-                                 ["--eager-input-s", "-0.1"], ["--threads", "0"]])
+                                 ["--eager-input-s", "-0.1"], ["--threads", "0"], ["--gil-switch-ms", "0.5,0"],
+                                 ["--trace-s", "1"]])
 def test_bad_flags_are_refused_before_building_a_model(bad: list[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--tiny", "--device", "cpu", *bad])
@@ -144,3 +149,25 @@ def test_the_commit_probe_times_each_commits_steps_in_order() -> None:
     assert any(x.startswith("capture_s ") for x in proc.stderr.splitlines())
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     assert len(lines) == 2 and all(x["errors"] == 0 and x["seal"] for x in lines)
+
+
+def test_gpu_trace_names_streams_by_their_marks_and_measures_busy_and_idle_time() -> None:
+    """benchmarks/gpu_trace.py's arithmetic: the shorter mark names the first stage's stream; busy time is the
+    union of a stage's kernels; two stages at once count as overlap; gaps over 0.2 ms are idle; a gap over
+    STEP_GAP_NS starts a new step."""
+    ms = 1_000_000
+    kernels = [Kernel("spin_kernel(long)", 5, 0, 2 * ms // 10), Kernel("x::spin_kernel(long)", 9, 0, ms // 10),
+               Kernel("gemm", 9, 1 * ms, 3 * ms), Kernel("gemm", 9, 2 * ms, 4 * ms),  # overlapping: 3 ms busy
+               Kernel("conv", 5, 3 * ms, 5 * ms),  # beside the second gemm for 1 ms
+               Kernel("gemm", 9, 6 * ms, 7 * ms)]  # after 1 ms of nothing: a new step, an idle gap
+    out = summarize(kernels, ["thinker", "talker"])
+    assert out["kernels"] == 4 and out["window_ms"] == 6.0
+    thinker, talker = out["stages"]["thinker"], out["stages"]["talker"]
+    assert (thinker["busy_ms"], thinker["steps"], thinker["step_ms_p50_p95"]) == (4.0, 2, [3.0, 3.0])
+    assert thinker["top"] == [["gemm", 5.0, 3]]
+    assert (talker["busy_ms"], talker["steps"], talker["top"]) == (2.0, 1, [["conv", 2.0, 1]])
+    assert out["busy_frac"] == round(5 / 6, 3) and out["overlap_ms"] == 1.0
+    assert (out["idle_gaps_over_0_2ms"], out["idle_ms_total"]) == (1, 1.0)
+    assert union_ns([(0, 2), (1, 3), (5, 6)]) == 4 and idle_gaps_ns([(0, 2), (1, 3), (5, 6)]) == [2]
+    assert steps_ns([(0, 10), (11, 20), (20 + STEP_GAP_NS + 1, 20 + STEP_GAP_NS + 5)]) == [
+        (0, 20), (20 + STEP_GAP_NS + 1, 20 + STEP_GAP_NS + 5)]
