@@ -32,6 +32,7 @@ from .types import AudioAhead, Event, Turn, TurnDone, TurnError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Outgoing = tuple[Callable[[Event], None], Event, Callable[[], None]]  # put it, the event, call if its loop is gone
 __all__ = ["Emit", "Pipeline", "StagedProgram"]
 
 
@@ -46,6 +47,10 @@ class Pipeline:
         self.error: BaseException | None = None
         self._gates: dict[str, Gate] = {}  # held turns' gates, by turn id, until released or discarded
         self._lock = threading.Lock()
+        self._engine_id: int | None = None
+        # events the engine thread emitted in its current step, by listener loop: one wake-up of each loop a step,
+        # not one a chunk (each a write to the loop's socket, where the sockets' thread may take the GIL)
+        self._outbox: dict[asyncio.AbstractEventLoop, list[Outgoing]] = {}
 
     @property
     def spec(self) -> ModelSpec:
@@ -90,12 +95,16 @@ class Pipeline:
         gone = False
 
         def emit(event: Event) -> None:
-            nonlocal gone
             if gone:
                 return
-            try:
-                loop.call_soon_threadsafe(events.put_nowait, event)
-            except RuntimeError:  # the listener's event loop has closed: nobody is reading any more
+            if threading.get_ident() == self._engine_id:  # handed over at the end of the engine's step
+                self._outbox.setdefault(loop, []).append((events.put_nowait, event, lost))
+            else:
+                self._deliver(loop, [(events.put_nowait, event, lost)])
+
+        def lost() -> None:  # the listener's event loop has closed: nobody is reading any more
+            nonlocal gone
+            if not gone:
                 gone = True
                 self.abort(turn.turn_id)
 
@@ -188,15 +197,37 @@ class Pipeline:
             raise TimeoutError("engine did not answer")
 
     def _loop(self) -> None:
+        self._engine_id = threading.get_ident()
         while not self._stop.is_set():
             try:
                 self._iterate()
             except Exception:  # the engine thread must outlive any bug in one step
                 log.exception("engine iteration failed")
+            finally:
+                self._flush()
+
+    def _flush(self) -> None:
+        """Hand the events emitted so far to their loops, in order."""
+        outbox, self._outbox = self._outbox, {}
+        for loop, items in outbox.items():
+            self._deliver(loop, items)
+
+    @staticmethod
+    def _deliver(loop: asyncio.AbstractEventLoop, items: list[Outgoing]) -> None:
+        def put() -> None:
+            for put_event, event, _ in items:
+                put_event(event)
+
+        try:
+            loop.call_soon_threadsafe(put)
+        except RuntimeError:  # the loop has closed
+            for _, _, lost in items:
+                lost()
 
     def _iterate(self) -> None:
         self._drain()
         self.program.admit()
+        self._flush()
         ran = self._round(False) or self._round(True)  # held turns run behind committed work
         if not ran:
             with contextlib.suppress(queue.Empty):
@@ -229,3 +260,5 @@ class Pipeline:
             log.exception("stage %s failed", stage.name)
             self.error = e
             return True
+        finally:
+            self._flush()  # what a stage's step emitted goes out as it ends, not at the round's end

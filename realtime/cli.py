@@ -97,7 +97,7 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key-file", help="read the key from this file (keeps it out of `ps`)")
     serve.add_argument("--threads", type=int, default=None,
                        help="torch CPU threads (default: 1 on CUDA, min(4, cores) on CPU); audio work uses 2 more")
-    serve.add_argument("--gil-switch-ms", type=float, default=0.5,
+    serve.add_argument("--gil-switch-ms", type=float, default=0.1,
                        help="the longest a thread holds Python's GIL while another waits for it (Python's default: 5); "
                        "short, so the engine thread gets it back soon from the threads serving the sockets")
     serve.add_argument("--allowed-origins", default="",

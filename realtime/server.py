@@ -52,8 +52,9 @@ class ServerConfig:
     bind_host: str = "127.0.0.1"  # loopback: localhost origins of any port are allowed too
     audio_workers: int = 2  # threads for the sessions' audio work
     # how long a thread may hold the GIL while another waits (Python's default is 5 ms): the engine thread gives it up
-    # at every torch call and waits this long to get it back from the sockets' thread under load
-    gil_switch_ms: float = 0.5
+    # at every torch call and waits this long to get it back from the sockets' thread under load (0.1 against 0.5: a
+    # lower p95 and less starved audio in both pairs of 128 conversations, benchmarks/RESULTS.md, eighth session)
+    gil_switch_ms: float = 0.1
     limits: Limits = Limits()
     drain: DrainConfig = DrainConfig()
     data_dir: Path | None = None  # custom voices (None: voice_store.default_data_dir())

@@ -86,6 +86,41 @@ def test_batched_turns_equal_each_alone(pipeline):
     assert blocks_in_use(pipeline) == {"talker": 0, "thinker": 0}
 
 
+def test_a_steps_events_reach_the_listener_in_one_wake_up(pipeline):
+    """The engine hands each stage step's events to a listener's loop at once: four turns' audio chunks of one
+    Code2Wav step wake the loop once (each wake-up a write to the loop's socket), and each turn's events are the
+    blocking run's, in order."""
+    turns = [turn(f"w{i}", 1.0, 7 + i) for i in range(4)]
+    want = [pipeline.run(t, timeout_s=120) for t in turns]
+    for t in turns:
+        pipeline.end_session(t.session_id)
+
+    async def listen() -> tuple[list[list], int]:
+        loop = asyncio.get_running_loop()
+        wakeups, call = 0, loop.call_soon_threadsafe
+
+        def counted(*args):
+            nonlocal wakeups
+            wakeups += 1
+            return call(*args)
+
+        loop.call_soon_threadsafe = counted
+        try:
+            again = [Turn(t.session_id, t.messages, t.options) for t in turns]
+            return await asyncio.gather(*(collect(pipeline, t) for t in again)), wakeups
+        finally:
+            del loop.call_soon_threadsafe
+
+    got, wakeups = asyncio.run(listen())
+    for t in turns:
+        pipeline.end_session(t.session_id)
+    for g, w in zip(got, want, strict=True):
+        assert [type(e) for e in g] == [type(e) for e in w] and summary(g)[:2] == summary(w)[:2]
+    events = sum(len(g) for g in got)
+    assert sum(isinstance(e, AudioChunk) for g in got for e in g) == 4 * OPTS.max_frames
+    assert 2 <= wakeups <= events // 2, (wakeups, events)
+
+
 def test_text_streams_before_the_turn_ends_and_text_only_turns(pipeline):
     events = pipeline.run(turn("t", 1.0, 5, GenerationOptions(greedy=True, audio=False, max_text_tokens=5)))
     assert [type(e) for e in events] == [TextDelta] * 5 + [TurnDone]
