@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_pipeline import random_program, speech_like  # noqa: E402
 from models.common.gpu_memory import cap  # noqa: E402
 from models.qwen3_omni.audio_stream import AudioStream  # noqa: E402
-from pipelines.admission import FED_S  # noqa: E402
+from pipelines.admission import FED_S, SETTLE_S  # noqa: E402
 from pipelines.pipeline import Pipeline  # noqa: E402
 from pipelines.scheduler import URGENT_S  # noqa: E402
 from realtime.audio import InputStream  # noqa: E402
@@ -371,7 +371,7 @@ def set_policy(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict
         return None if values is None else values[level % len(values)]
 
     urgent, after, fed, seal = pick(args.urgent_s), pick(args.decode_after_prefill), pick(args.fed_s), pick(args.seal)
-    eager, switch_ms = pick(args.eager_input_s), pick(args.gil_switch_ms)
+    eager, switch_ms, settle = pick(args.eager_input_s), pick(args.gil_switch_ms), pick(args.settle_s)
     sys.setswitchinterval(switch_ms / 1000)  # process-wide, as the server sets it
     program = pipeline.program
     if seal is not None:  # the server is in this process: its audio workers call the class's seal
@@ -384,9 +384,12 @@ def set_policy(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict
         stage.scheduler.urgent_s = stage.cfg.urgent_s if urgent is None else urgent
     if fed is not None:
         program.admission.fed_s = fed
+    if settle is not None:
+        program.admission.settle_s = settle
     talker = program.by_name.get("talker") or program.by_name["thinker"]
     return {"urgent_s": talker.scheduler.urgent_s, "decode_after_prefill": talker.cfg.decode_after_prefill,
-            "fed_s": program.admission.fed_s, "seal": AudioStream.seal is SEAL, "eager_input_s": InputStream.EAGER_S,
+            "fed_s": program.admission.fed_s, "settle_s": program.admission.settle_s, "seal": AudioStream.seal is SEAL,
+            "eager_input_s": InputStream.EAGER_S,
             "gil_switch_ms": switch_ms}
 
 
@@ -569,6 +572,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                          "level's other numbers are not comparable")
     ap.add_argument("--trace-at", type=_floats, default=[0.0],
                     help="seconds into each level the --trace-s window starts (default 0; a list cycles)")
+    ap.add_argument("--settle-s", type=_floats,
+                    help=f"a stream that began playing less than this ago does not hold new turns back (the "
+                         f"server's: {SETTLE_S}); a comma-separated list cycles over the levels, as --urgent-s does")
     ap.add_argument("--no-encode-ahead", action="store_true",
                     help="serve --no-encode-ahead: the audio is encoded at the commit, not as it arrives")
     args = ap.parse_args(argv)
@@ -583,9 +589,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                  "--text-tokens >= 1, --frames >= 1")
     if args.client_processes < 1 or min(args.urgent_s or [0]) < 0 or min(args.fed_s or [0]) < 0 or \
             min(args.eager_input_s or [0]) < 0 or (args.stream_batch is not None and args.stream_batch < 1) or \
-            min(args.gil_switch_ms) <= 0:
+            min(args.gil_switch_ms) <= 0 or min(args.settle_s or [0]) < 0:
         ap.error("need --client-processes >= 1, --urgent-s >= 0, --fed-s >= 0, --eager-input-s >= 0, "
-                 "--stream-batch >= 1 and --gil-switch-ms > 0")
+                 "--stream-batch >= 1, --gil-switch-ms > 0 and --settle-s >= 0")
     if args.trace_s and (min(args.trace_s) < 0 or min(args.trace_at) < 0 or not args.device.startswith("cuda")):
         ap.error("--trace-s needs CUDA, values >= 0 and --trace-at >= 0")
     if args.threads is None:

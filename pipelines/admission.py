@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 FED_S = 0.1  # audio a playing stream must have buffered for a new turn to start beside it
+SETTLE_S = 0.0  # a stream that began playing less than this ago has no say (its first frame alone is under FED_S)
 MAX_WAIT_S = 2.0
 
 
@@ -31,6 +32,7 @@ class Stream(Protocol):
 class Admission:
     max_wait_s: float = MAX_WAIT_S
     fed_s: float = FED_S
+    settle_s: float = SETTLE_S
     queue: dict[str, tuple[float, Callable[[], None]]] = field(default_factory=dict)  # turn -> (since, start)
     waited: int = 0  # turns that started after waiting
     wait_s: float = 0.0  # seconds they waited, in all
@@ -58,4 +60,6 @@ class Admission:
         return {"turns_waiting": len(self.queue), "turns_waited": self.waited, "admission_wait_s": self.wait_s}
 
     def fed(self, streams: Iterable[Stream]) -> bool:
-        return not any(s.t_first_audio is not None and 0 <= s.urgency() < self.fed_s for s in streams)
+        settled = time.perf_counter() - self.settle_s
+        return not any(s.t_first_audio is not None and s.t_first_audio <= settled and 0 <= s.urgency() < self.fed_s
+                       for s in streams)

@@ -154,6 +154,18 @@ def test_admission_starts_a_turn_at_once_only_while_the_playing_streams_are_fed(
     assert c["turns_waiting"] == 0 and c["turns_waited"] == 2 and c["admission_wait_s"] > 0
 
 
+def test_admission_gives_a_stream_no_say_until_it_has_played_settle_s():
+    started: list[str] = []
+    a = Admission(max_wait_s=60, settle_s=0.05)
+    new = Playing(FED_S / 2)  # its first frame alone: under FED_S, playing since just now
+    a.offer("t1", lambda: started.append("t1"), [new])
+    assert started == ["t1"]
+    new.buffered += 0.06
+    time.sleep(0.06)  # still as short of audio, but settled: now it holds the next turn back
+    a.offer("t2", lambda: started.append("t2"), [new])
+    assert started == ["t1"] and a.counters()["turns_waiting"] == 1
+
+
 def test_admission_never_waits_past_its_cap():
     started: list[str] = []
     a = Admission(max_wait_s=0.05)
