@@ -60,6 +60,9 @@ class Admission:
         return {"turns_waiting": len(self.queue), "turns_waited": self.waited, "admission_wait_s": self.wait_s}
 
     def fed(self, streams: Iterable[Stream]) -> bool:
-        settled = time.perf_counter() - self.settle_s
-        return not any(s.t_first_audio is not None and s.t_first_audio <= settled and 0 <= s.urgency() < self.fed_s
-                       for s in streams)
+        return not any(self._has_say(s) and 0 <= s.urgency() < self.fed_s for s in streams)
+
+    def _has_say(self, s: Stream) -> bool:
+        if s.t_first_audio is None:
+            return False
+        return self.settle_s <= 0 or time.perf_counter() - s.t_first_audio >= self.settle_s
