@@ -59,7 +59,6 @@ from aiohttp import web
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_pipeline import random_program, speech_like  # noqa: E402
-from models.common.frame_stage import FrameStage  # noqa: E402
 from models.common.gpu_memory import cap  # noqa: E402
 from models.qwen3_omni.audio_stream import AudioStream  # noqa: E402
 from pipelines.admission import FED_S, SETTLE_S  # noqa: E402
@@ -363,7 +362,6 @@ async def trace_window(pipeline: Pipeline, args: argparse.Namespace, level: int)
 PREFILL_STAGES = ("thinker", "talker")  # the stages --decode-after-prefill turns on
 SEAL = AudioStream.seal  # the commit's host encoding on the audio worker (--seal 0: on the engine thread)
 EAGER_S = InputStream.EAGER_S  # the server's; --eager-input-s changes it for this process's server
-BATCH_INPUTS = FrameStage.BATCH_INPUTS  # likewise --batch-inputs
 
 
 def set_policy(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict:
@@ -374,7 +372,6 @@ def set_policy(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict
 
     urgent, after, fed, seal = pick(args.urgent_s), pick(args.decode_after_prefill), pick(args.fed_s), pick(args.seal)
     eager, switch_ms, settle = pick(args.eager_input_s), pick(args.gil_switch_ms), pick(args.settle_s)
-    batch = pick(args.batch_inputs)
     sys.setswitchinterval(switch_ms / 1000)  # process-wide, as the server sets it
     program = pipeline.program
     if seal is not None:  # the server is in this process: its audio workers call the class's seal
@@ -389,12 +386,11 @@ def set_policy(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict
         program.admission.fed_s = fed
     if settle is not None:
         program.admission.settle_s = settle
-    if batch is not None:  # read by the talker's step at each frame
-        FrameStage.BATCH_INPUTS = batch
     talker = program.by_name.get("talker") or program.by_name["thinker"]
     return {"urgent_s": talker.scheduler.urgent_s, "decode_after_prefill": talker.cfg.decode_after_prefill,
             "fed_s": program.admission.fed_s, "settle_s": program.admission.settle_s, "seal": AudioStream.seal is SEAL,
-            "eager_input_s": InputStream.EAGER_S, "gil_switch_ms": switch_ms, "batch_inputs": FrameStage.BATCH_INPUTS}
+            "eager_input_s": InputStream.EAGER_S,
+            "gil_switch_ms": switch_ms}
 
 
 def _floats(text: str) -> list[float]:
@@ -576,10 +572,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
                          "level's other numbers are not comparable")
     ap.add_argument("--trace-at", type=_floats, default=[0.0],
                     help="seconds into each level the --trace-s window starts (default 0; a list cycles)")
-    ap.add_argument("--batch-inputs", type=_flags,
-                    help="1 (the server's): the talker streams' next inputs made in one add a step "
-                         "(FrameStage.BATCH_INPUTS); 0: one add a stream, as before. A comma-separated list of 0/1 "
-                         "cycles over the levels, as --urgent-s does")
     ap.add_argument("--settle-s", type=_floats,
                     help=f"a stream that began playing less than this ago does not hold new turns back (the "
                          f"server's: {SETTLE_S}); a comma-separated list cycles over the levels, as --urgent-s does")
@@ -638,7 +630,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     finally:
         AudioStream.seal = SEAL  # --seal 0 switched it off for this process's server only
         InputStream.EAGER_S = EAGER_S
-        FrameStage.BATCH_INPUTS = BATCH_INPUTS
         torch.set_num_threads(threads)
         sys.setswitchinterval(switch_s)
     print(table(lines), file=sys.stderr)

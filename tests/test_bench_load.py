@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.bench_load import BATCH_INPUTS, EAGER_S, SEAL, START_BUFFER_S, Player, main
+from benchmarks.bench_load import EAGER_S, SEAL, START_BUFFER_S, Player, main
 from benchmarks.gpu_trace import STEP_GAP_NS, Kernel, idle_gaps_ns, steps_ns, summarize, union_ns
-from models.common.frame_stage import FrameStage
 from models.qwen3_omni.audio_stream import AudioStream
 from realtime.audio import InputStream
 
@@ -90,13 +89,12 @@ def test_the_policy_flags_cycle_over_the_levels(capsys: pytest.CaptureFixture) -
     lines = main(["--tiny", "--device", "cpu", "--sessions", "1,1,1", "--audio-seconds", "0.5", "--text-tokens", "2",
                   "--frames", "3", "--timeout-s", "60", "--decode-after-prefill", "1,0", "--fed-s", "0,0.1,0.2",
                   "--seal", "0,1,0", "--eager-input-s", "0,0.2", "--stream-batch", "3", "--clients-in-process",
-                  "--threads", "1", "--gil-switch-ms", "0.5,0.1", "--batch-inputs", "0,1"])
+                  "--threads", "1", "--gil-switch-ms", "0.5,0.1"])
     policies = [(x["urgent_s"], x["decode_after_prefill"], x["fed_s"], x["seal"], x["eager_input_s"],
-                 x["gil_switch_ms"], x["batch_inputs"]) for x in lines]
-    assert policies == [(0.0, True, 0.0, False, 0.0, 0.5, False), (0.25, False, 0.1, True, 0.2, 0.1, True),
-                        (0.0, True, 0.2, False, 0.0, 0.5, False)]
+                 x["gil_switch_ms"]) for x in lines]
+    assert policies == [(0.0, True, 0.0, False, 0.0, 0.5), (0.25, False, 0.1, True, 0.2, 0.1),
+                        (0.0, True, 0.2, False, 0.0, 0.5)]
     assert AudioStream.seal is SEAL and InputStream.EAGER_S == EAGER_S  # the server's own once the benchmark is done
-    assert FrameStage.BATCH_INPUTS is BATCH_INPUTS
     assert sys.getswitchinterval() == switch_s
     assert all(x["threads"] == 1 for x in lines) and torch.get_num_threads() == threads
     assert all(x["stream_batch"] == 3 for x in lines)
@@ -125,8 +123,7 @@ def test_player_counts_gaps_after_the_start_buffer() -> None:
                                  ["--urgent-s", "-0.1"], ["--urgent-s", "0.25,x"], ["--fed-s", "-1"],
                                  ["--decode-after-prefill", "0,2"], ["--seal", "yes"], ["--stream-batch", "0"],
                                  ["--eager-input-s", "-0.1"], ["--threads", "0"], ["--gil-switch-ms", "0.5,0"],
-                                 ["--trace-s", "1"], ["--settle-s", "-1"],
-                                 ["--batch-inputs", "2"]])
+                                 ["--trace-s", "1"], ["--settle-s", "-1"]])
 def test_bad_flags_are_refused_before_building_a_model(bad: list[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--tiny", "--device", "cpu", *bad])

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from models.common.frame_stage import FrameStage
 from models.qwen3_omni.placement import PipelineConfig
 from models.qwen3_omni.program import build_pipeline
 from pipelines.types import AudioChunk, GenerationOptions, Message, TextDelta, Turn, TurnDone, TurnError
@@ -120,37 +119,6 @@ def test_a_steps_events_reach_the_listener_in_one_wake_up(pipeline):
     events = sum(len(g) for g in got)
     assert sum(isinstance(e, AudioChunk) for g in got for e in g) == 4 * OPTS.max_frames
     assert 2 <= wakeups <= events // 2, (wakeups, events)
-
-
-def test_talker_inputs_made_in_one_add_equal_one_add_a_stream(pipeline, monkeypatch):
-    """FrameStage makes the streams' next inputs in one add when their text is known (here: once the short replies'
-    text has ended, the talker's pad): the same ids, codes and audio, bit for bit, as one add a stream; and it did
-    make most of them."""
-    opts = GenerationOptions(greedy=True, max_text_tokens=2, max_frames=8)
-    turns = [turn(f"n{i}", sec, 20 + i, opts) for i, sec in enumerate([0.7, 1.2, 0.9])]
-    made: list[int] = []
-    real = FrameStage._next_inputs
-
-    def counted(works, embed_sum):
-        real(works, embed_sum)
-        made.append(sum(w.next_input is not None for w in works))
-        for w in works:  # each exactly the one add of its own
-            assert w.next_input is None or torch.equal(w.next_input, (w.next_embed + w.next_text())[None])
-
-    def together(batch: bool) -> list[tuple]:
-        monkeypatch.setattr(FrameStage, "BATCH_INPUTS", batch)
-        again = [Turn(t.session_id, t.messages, t.options) for t in turns]
-        out = [summary(ev) for ev in asyncio.run(_all(pipeline, again))]
-        for t in turns:
-            pipeline.end_session(t.session_id)
-        return out
-
-    alone = together(False)
-    monkeypatch.setattr(FrameStage, "_next_inputs", staticmethod(counted))
-    batched = together(True)
-    for (ids_a, codes_a, wav_a), (ids_b, codes_b, wav_b) in zip(alone, batched, strict=True):
-        assert ids_a == ids_b and codes_a == codes_b and np.array_equal(wav_a, wav_b)
-    assert sum(made) >= len(turns) * opts.max_frames // 2, made
 
 
 def test_text_streams_before_the_turn_ends_and_text_only_turns(pipeline):

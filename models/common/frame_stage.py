@@ -40,10 +40,7 @@ class FrameWork(Protocol):
     slot: int | None  # its row of `seen`, from its first step
     free_slot: Callable[[int], None]
     next_embed: torch.Tensor | None
-    next_input: torch.Tensor | None  # [1, H]: next_embed + the text of its next step, once made
     inputs: InputRows  # every input of the stream, fed or still pending
-
-    def next_text(self) -> torch.Tensor | None: ...
 
     def fail(self, code: str, message: str) -> None: ...
 
@@ -124,21 +121,3 @@ class FrameStage:
                 w.fail("internal_error", f"talker: {NAN_MESSAGE}")
                 continue
             w.next_embed = w.turn.on_frame(codes, out["codes"][i], out["embed_sum"][i], self.eos)
-        if self.BATCH_INPUTS:
-            self._next_inputs(works, out["embed_sum"])
-
-    BATCH_INPUTS = True  # the streams' next inputs in one add (bench_load --batch-inputs switches it for an A/B)
-
-    @staticmethod
-    def _next_inputs(works: list[FrameWork], embed_sum: torch.Tensor) -> None:
-        """Each stream's next input whose text is known now, made in one add for all of them (the same values as
-        one add a stream: the step's host work gives the GIL up at each torch call)."""
-        picked = [(i, w, text) for i, w in enumerate(works)
-                  if w.next_embed is not None and (text := w.next_text()) is not None]
-        if not picked:
-            return
-        rows = [i for i, _, _ in picked]
-        codec = embed_sum if rows == list(range(len(embed_sum))) else embed_sum[rows]
-        summed = codec + torch.stack([text for _, _, text in picked])
-        for j, (_, w, _) in enumerate(picked):
-            w.next_input = summed[j : j + 1]

@@ -98,18 +98,7 @@ class FrameWork(Work):
         self.kv = kv
         self.inputs = Rows()
         self.next_embed: torch.Tensor | None = None  # codec part of the next input, once a frame is made
-        self.next_input: torch.Tensor | None = None  # [1, H]: next_embed + its text, when the frame stage made it
         self.steps = 0  # decode inputs appended; `slot`: its row of the stage's repetition-penalty state
-
-    def next_text(self) -> torch.Tensor | None:
-        """The text part of the next input if it is known now (the frame stage then adds it with the others')."""
-        return None
-
-    def take_next(self, text: torch.Tensor) -> None:
-        """Append the next input, next_embed + text (made with the other streams' if the frame stage made it)."""
-        row = self.next_input if self.next_input is not None else (self.next_embed + text)[None]
-        self.inputs.append(row)
-        self.next_embed, self.next_input, self.steps = None, None, self.steps + 1
 
     def unread(self, written: int) -> int:
         """How many of a writer's `written` reply tokens this stream has yet to read (its prompt holds token 0,

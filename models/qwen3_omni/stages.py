@@ -67,11 +67,9 @@ class TalkerWork(FrameWork):
             text = self._text(self.steps)
             if text is None:
                 return 0  # the next input waits for the thinker's next token; recomputing now would redo a frame
-            self.take_next(text)
+            self.inputs.append((self.next_embed + text)[None])
+            self.next_embed, self.steps = None, self.steps + 1
         return self.inputs.n - self.kv.length(self.key)
-
-    def next_text(self) -> torch.Tensor | None:
-        return self._text(self.steps)
 
     def _text(self, step: int) -> torch.Tensor | None:
         t = self.turn
