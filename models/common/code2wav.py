@@ -99,7 +99,9 @@ class CausalTransConv(nn.Module):
     def forward(self, x: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
         """[B, C, T] -> [B, C', (T - lookahead) * stride]; `left` (causal only): the `context` inputs before x."""
         if self.context:
-            return self.joined(x if left is None else torch.cat((left, x), dim=-1), 0 if left is None else None)
+            if left is None:
+                return self.joined(x, 0)
+            return self.joined(torch.cat((left, x), dim=-1), left.shape[-1])
         y = self.conv(x)
         return y[..., self.trim : y.shape[-1] - self.trim]
 
