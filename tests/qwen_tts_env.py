@@ -5,6 +5,7 @@ reference package's imports once. Used through conftest's `qwen_tts_env` fixture
 from __future__ import annotations
 
 import json
+import os
 import queue
 import subprocess
 import threading
@@ -18,8 +19,11 @@ class QwenTTSEnv:
     def __init__(self, logs: Path) -> None:
         assert REFERENCE_PY.is_file(), "the reference environment is missing: run `make qwen-tts-env`"
         self.logs, self.jobs = logs, 0
+        # one torch thread, as in the tests (conftest): a pool of two on 2 shared cores takes 3x as long whenever
+        # anything else runs beside it
         self.proc = subprocess.Popen([str(REFERENCE_PY), str(ROOT / "tests" / "reference" / "run_jobs.py")],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                                     env={**os.environ, "OMP_NUM_THREADS": "1"})
         self.replies: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
