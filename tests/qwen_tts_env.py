@@ -16,7 +16,9 @@ REFERENCE_PY = ROOT / ".venv-qwen-tts" / "bin" / "python"
 
 
 class QwenTTSEnv:
-    def __init__(self, logs: Path) -> None:
+    def __init__(self, logs: Path | None = None) -> None:
+        """Starts the process (it imports the reference package at once); `logs`, where each job's output goes,
+        may be set later, before the first `run`."""
         assert REFERENCE_PY.is_file(), "the reference environment is missing: run `make qwen-tts-env`"
         self.logs, self.jobs = logs, 0
         # one torch thread, as in the tests (conftest): a pool of two on 2 shared cores takes 3x as long whenever
@@ -35,6 +37,7 @@ class QwenTTSEnv:
 
     def run(self, script: Path, *args: str, timeout: float = 900) -> None:
         """Run the reference script with ARGS; fail with the tail of its output unless it ends well in time."""
+        assert self.logs is not None, "set QwenTTSEnv.logs before the first run"
         self.jobs += 1
         log = self.logs / f"job{self.jobs}.log"
         self.proc.stdin.write(json.dumps([str(log), str(script), *args]) + "\n")
