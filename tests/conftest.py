@@ -15,7 +15,7 @@ import torch
 
 from models.common.weights import random_weights_
 from models.qwen3_omni.tiny import tiny_config
-from tests.qwen_tts_env import QwenTTSEnv
+from tests.qwen_tts_env import REFERENCE_PY, QwenTTSEnv
 
 # Tiny matmuls on 2 shared cores: one thread each is many times faster than oversubscribed pools.
 torch.set_num_threads(1)
@@ -61,10 +61,27 @@ def hf_tiny_a(tmp_path_factory: pytest.TempPathFactory) -> HFTiny:
     return hf_tiny_once("a", tmp_path_factory)
 
 
+_STARTED: list[QwenTTSEnv] = []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """When a selected test needs the reference environment, its process starts now: its imports (7-11 s, one
+    core) run beside the tests that come first."""
+    needed = any("qwen_tts_env" in item.fixturenames for item in session.items)
+    if needed and REFERENCE_PY.is_file() and not session.config.option.collectonly:
+        _STARTED.append(QwenTTSEnv())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    while _STARTED:  # started at collection, never used (e.g. -x stopped the session first)
+        _STARTED.pop().close()
+
+
 @pytest.fixture(scope="session")
 def qwen_tts_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[QwenTTSEnv]:
-    """The reference Qwen3-TTS environment, one process for the session (its imports take about 11 s)."""
-    env = QwenTTSEnv(tmp_path_factory.mktemp("qwen_tts_env"))
+    """The reference Qwen3-TTS environment, one process for the session."""
+    env = _STARTED.pop() if _STARTED else QwenTTSEnv()
+    env.logs = tmp_path_factory.mktemp("qwen_tts_env")
     try:
         yield env
     finally:

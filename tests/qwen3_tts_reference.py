@@ -14,6 +14,7 @@ the entry point returns, the talker's input embeddings over the prompt [P, H], i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import sys
@@ -87,6 +88,19 @@ def speech_tokenizer(case: dict, out: Path) -> RecordingTokenizer:
     return RecordingTokenizer(model)
 
 
+_TEXT_TOKENIZERS: dict[bytes, Qwen2TokenizerFast] = {}
+
+
+def text_tokenizer(d: Path) -> Qwen2TokenizerFast:
+    """`Qwen2TokenizerFast.from_pretrained(d)`, loaded once for each distinct set of files (the cases share one;
+    each load builds the fast tokenizer from vocab.json and merges.txt, about half a second)."""
+    files = b"".join((d / n).read_bytes() for n in ("vocab.json", "merges.txt", "tokenizer_config.json"))
+    key = hashlib.sha256(files).digest()
+    if key not in _TEXT_TOKENIZERS:
+        _TEXT_TOKENIZERS[key] = Qwen2TokenizerFast.from_pretrained(d)
+    return _TEXT_TOKENIZERS[key]
+
+
 def run(case: dict) -> None:
     out = Path(case["dir"])
     cfg = Qwen3TTSConfig(**case["config"])
@@ -105,8 +119,7 @@ def run(case: dict) -> None:
     model.talker.codec_head.register_forward_hook(lambda m, i, o: talker_logits.append(o[0].detach().clone()))
     for head in model.talker.code_predictor.lm_head:
         head.register_forward_hook(lambda m, i, o: predictor_logits.append(o[0, -1].detach().clone()))
-    tts = Qwen3TTSModel(model, Qwen3TTSProcessor(tokenizer=Qwen2TokenizerFast.from_pretrained(out)),
-                        case["generation"])
+    tts = Qwen3TTSModel(model, Qwen3TTSProcessor(tokenizer=text_tokenizer(out)), case["generation"])
     greedy = dict(do_sample=False, subtalker_dosample=False)
     extra: dict[str, torch.Tensor] = {}
     if cfg.tts_model_type == "custom_voice":

@@ -5,6 +5,7 @@ reference package's imports once. Used through conftest's `qwen_tts_env` fixture
 from __future__ import annotations
 
 import json
+import os
 import queue
 import subprocess
 import threading
@@ -15,11 +16,16 @@ REFERENCE_PY = ROOT / ".venv-qwen-tts" / "bin" / "python"
 
 
 class QwenTTSEnv:
-    def __init__(self, logs: Path) -> None:
+    def __init__(self, logs: Path | None = None) -> None:
+        """Starts the process (it imports the reference package at once); `logs`, where each job's output goes,
+        may be set later, before the first `run`."""
         assert REFERENCE_PY.is_file(), "the reference environment is missing: run `make qwen-tts-env`"
         self.logs, self.jobs = logs, 0
+        # one torch thread, as in the tests (conftest): a pool of two on 2 shared cores takes 3x as long whenever
+        # anything else runs beside it
         self.proc = subprocess.Popen([str(REFERENCE_PY), str(ROOT / "tests" / "reference" / "run_jobs.py")],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                                     env={**os.environ, "OMP_NUM_THREADS": "1"})
         self.replies: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -31,6 +37,7 @@ class QwenTTSEnv:
 
     def run(self, script: Path, *args: str, timeout: float = 900) -> None:
         """Run the reference script with ARGS; fail with the tail of its output unless it ends well in time."""
+        assert self.logs is not None, "set QwenTTSEnv.logs before the first run"
         self.jobs += 1
         log = self.logs / f"job{self.jobs}.log"
         self.proc.stdin.write(json.dumps([str(log), str(script), *args]) + "\n")

@@ -7,10 +7,7 @@ layout (test_fp8_streaming.py: as they load)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +23,7 @@ from models.qwen3_omni.model import load_model
 from models.qwen3_omni.placement import PipelineConfig
 from models.qwen3_omni.program import build_pipeline
 from pipelines.types import AudioChunk, GenerationOptions, Message, Turn, TurnDone
+from tests.cli_run import run_cli
 
 QUANT = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
          "modules_to_not_convert": ["thinker.lm_head", "mlp.gate"]}
@@ -252,14 +250,11 @@ def test_quantization_flag_rounds_the_experts_only():
 
 
 def test_quantization_flag_generates_from_the_cli(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cli = [sys.executable, "-m", "realtime.cli", "generate", "--device", "cpu", "--quantization", "fp8"]
-    out = subprocess.run([*cli, "--model", "tiny", "--text", "Hello!", "--greedy", "--max-text-tokens", "4",
-                          "--max-frames", "3", "--out", str(tmp_path / "out.wav"), "--json"],
-                         capture_output=True, text=True, timeout=300, env=env)
+    cli = ["generate", "--device", "cpu", "--quantization", "fp8"]  # the CLI's own main, in this process
+    out = run_cli(*cli, "--model", "tiny", "--text", "Hello!", "--greedy", "--max-text-tokens", "4", "--max-frames",
+                  "3", "--out", str(tmp_path / "out.wav"), "--json", timeout=300)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["text_ids"] and result["codes"] and (tmp_path / "out.wav").stat().st_size > 44
-    refused = subprocess.run([*cli, "--model", "tiny-tts", "--text", "Hi."], capture_output=True, text=True,
-                             timeout=300, env=env)
+    refused = run_cli(*cli, "--model", "tiny-tts", "--text", "Hi.", timeout=300)
     assert refused.returncode != 0 and "has none" in refused.stderr and "Traceback" not in refused.stderr

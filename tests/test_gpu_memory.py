@@ -3,21 +3,15 @@ bench_load run with `--gpu-memory-gib` is its check)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from models import registry
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.cli_run import run_cli
 
 
 @pytest.mark.parametrize("command", [["serve", "--port", "0"], ["generate", "--text", "Hi."]])
 def test_the_cap_is_refused_on_cpu_in_one_line(command):
-    r = subprocess.run([sys.executable, "-m", "realtime.cli", *command, "--device", "cpu", "--gpu-memory-gib", "8"],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    r = run_cli(*command, "--device", "cpu", "--gpu-memory-gib", "8")  # the CLI's own main, in this process
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert "--gpu-memory-gib" in lines[0] and "cpu" in lines[0] and "loaded" not in r.stderr, lines

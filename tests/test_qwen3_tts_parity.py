@@ -15,6 +15,7 @@ than the reference's frames, its rest streamed, and shorter, padded).
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -58,12 +59,13 @@ CASES = {
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, qwen_tts_env) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("qwen3_tts")
-    tokenizer = Tokenizer.builtin()
+    published = root / "tokenizer"  # written once (about a second), copied into each case
+    save_tokenizer(Tokenizer.builtin(), published)
+    (published / "tokenizer.json").unlink()  # the published repos have vocab.json + merges.txt only
     cases, dirs = [], {}
     for i, (name, case) in enumerate(CASES.items()):
         d = dirs[name] = root / name
-        save_tokenizer(tokenizer, d)
-        (d / "tokenizer.json").unlink()  # the published repos have vocab.json + merges.txt only
+        shutil.copytree(published, d)
         cases.append(dict(dir=str(d), config=tiny_config(case["kind"]), seed=10 + i,
                           generation=tiny_generation() | {"max_new_tokens": FRAMES + 1}, codec=tiny_codec(),
                           **case))

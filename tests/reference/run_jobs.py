@@ -1,5 +1,6 @@
 """Runs in .venv-qwen-tts: one process that runs the reference scripts one after another, so that the reference
-package (about 11 s of imports) is imported once per test session, not once per script.
+package (about 11 s of imports) is imported once per test session, not once per script: as the process starts,
+while the tests before the first job run (conftest starts it when collection ends).
 
 Reads one JSON job a line on stdin: [log_path, script, *args]. Runs the script as `python script *args` would
 (its __main__, with sys.argv set), its stdout and stderr going to log_path, then writes `done RC` on stdout
@@ -11,9 +12,14 @@ import json
 import runpy
 import sys
 import traceback
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout, suppress
 
 if __name__ == "__main__":
+    # the package the scripts share, imported before the first job comes; should that fail, the first job's
+    # log shows the error with its traceback
+    with suppress(Exception):
+        import qwen_tts  # noqa: F401
+
     reply = sys.stdout
     for line in sys.stdin:
         log_path, *argv = json.loads(line)
