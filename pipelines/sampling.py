@@ -2,11 +2,16 @@
 
 Randomness is counter based (seed, step, token index hashed to a uniform) and drawn by the Gumbel-max rule,
 so a row's draw does not depend on its batch. Order as the reference: repetition penalty, suppressed ids,
-temperature, top-k, top-p.
+temperature, top-k, top-p. Top-k keeps every logit equal to the k-th (as transformers' warper does), and
+top-p keeps or drops logits of one value together (the mass strictly above a logit decides).
+
+On CUDA, vocabularies up to FUSED_MAX_VOCAB (the codec heads') are sampled by one Triton kernel a step
+(sampling_kernel.py) instead of ~17 torch kernels and a full sort; larger ones (the thinker's) take torch's path.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +44,9 @@ FIELDS = {
     "top_p": (torch.float32, 1.0), "penalty": (torch.float32, 1.0), "seed": (torch.long, 0),
 }
 _MASK32 = 0xFFFFFFFF
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+FUSED = True  # tests and benchmarks switch the kernel off to compare
+FUSED_MAX_VOCAB = 8192
 
 
 def row_values(params: list[SamplingParams]) -> dict[str, list]:
@@ -75,16 +83,18 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
 
 
 def top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask (-inf) all but each row's top_k (0: all) and its top_p nucleus (keeping at least one)."""
+    """Mask (-inf) all but each row's top_k (0: all; with the logits equal to the k-th) and its top_p nucleus:
+    the logits with less than top_p of the mass strictly above them (so the top one always stays)."""
     v = logits.shape[-1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    rank = torch.arange(v, device=logits.device)[None, :]
-    k = torch.where(top_k > 0, top_k, v)[:, None]
-    drop = rank >= k
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    k = torch.where((top_k > 0) & (top_k < v), top_k, v)[:, None]
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < sorted_logits.gather(-1, k - 1), float("-inf"))
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
-    drop |= (mass_before >= top_p[:, None]) & (rank > 0)
+    first = torch.ones_like(sorted_logits, dtype=torch.bool)
+    first[:, 1:] = sorted_logits[:, 1:] != sorted_logits[:, :-1]  # where a run of equal logits starts
+    above = torch.where(first, mass_before, 0.0).cummax(dim=-1).values  # its run's first mass_before
+    drop = (above >= top_p[:, None]) & (top_p[:, None] < 1)
     return logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
 
 
@@ -110,9 +120,11 @@ class Sampler:
         return cls(*tensors, any(p.repetition_penalty != 1.0 for p in params), all(p.greedy for p in params))
 
     def __call__(self, logits: torch.Tensor, step: torch.Tensor, seen: torch.Tensor | None = None,
-                 suppress: torch.Tensor | None = None, gumbel: torch.Tensor | None = None) -> torch.Tensor:
-        """logits [B, V] -> ids [B]. step [B]: the row's sampling counter; suppress: [V] or [B, V] bool;
-        gumbel: this step's `gumbel_noise` when it was made ahead (several steps at once)."""
+                 suppress: torch.Tensor | None = None) -> torch.Tensor:
+        """logits [B, V] -> ids [B]. step [B]: the row's sampling counter; seen [B, V] bool (the repetition
+        penalty's ids); suppress: [V] or [B, V] bool."""
+        if self.fused(logits):
+            return self.fused_call(logits, step, seen if self.any_penalty else None, suppress)
         logits = logits.float()
         if seen is not None and self.any_penalty:
             logits = apply_repetition_penalty(logits, seen, self.penalty)
@@ -122,10 +134,33 @@ class Sampler:
         if self.all_greedy:
             return greedy_ids
         scaled = top_k_top_p(logits / self.temperature[:, None], self.top_k, self.top_p)
-        if gumbel is None:
-            gumbel = gumbel_noise(self.seed, step[:, None], logits.shape[-1])[:, 0]
-        sampled = (scaled + gumbel).argmax(dim=-1)
+        sampled = (scaled + gumbel_noise(self.seed, step[:, None], logits.shape[-1])[:, 0]).argmax(dim=-1)
         return torch.where(self.greedy, greedy_ids, sampled)
+
+    def fused(self, logits: torch.Tensor) -> bool:
+        return (FUSED and HAVE_TRITON and logits.is_cuda and logits.dim() == 2 and logits.stride(-1) == 1
+                and logits.shape[-1] <= FUSED_MAX_VOCAB and not torch.is_grad_enabled())
+
+    def fused_call(self, logits: torch.Tensor, step: torch.Tensor, seen: torch.Tensor | None,
+                   suppress: torch.Tensor | None) -> torch.Tensor:
+        from . import sampling_kernel as K
+
+        b, v = logits.shape
+        out = torch.empty(b, dtype=torch.long, device=logits.device)
+        if suppress is not None and suppress.dim() == 1:
+            suppress = suppress[None, :].expand(b, v)
+        for t in (seen, suppress):
+            if t is not None and t.stride(-1) != 1:
+                raise ValueError("seen and suppress need unit stride over the vocabulary")
+        block = 1 << (v - 1).bit_length()
+        if b:
+            K.sample_rows[(b,)](
+                logits, logits.stride(0), v, logits if seen is None else seen, 0 if seen is None else seen.stride(0),
+                self.penalty, logits if suppress is None else suppress, 0 if suppress is None else suppress.stride(0),
+                self.greedy, self.temperature, self.top_k, self.top_p, self.seed, step, step.stride(0), out,
+                HAS_SEEN=seen is not None, HAS_SUPPRESS=suppress is not None, BLOCK=block,
+                num_warps=min(max(block // 512, 1), 8), enable_fp_fusion=False)
+        return out
 
 
 def sampling_inputs(prefix: str) -> dict[str, Input]:

@@ -61,3 +61,14 @@ def test_uniform_range_and_params_validation():
         SamplingParams(temperature=0.0)
     with pytest.raises(ValueError):
         SamplingParams(top_p=0.0)
+
+
+def test_top_k_keeps_the_logits_equal_to_the_kth_and_top_p_keeps_runs_together():
+    logits = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0]])
+    kept = torch.isfinite(top_k_top_p(logits, torch.tensor([2]), torch.tensor([1.0])))
+    assert kept[0].tolist() == [True, True, True, True, False]  # transformers' TopKLogitsWarper's rule
+    probs = torch.tensor([[0.4, 0.2, 0.2, 0.2]]).log()
+    kept = torch.isfinite(top_k_top_p(probs, torch.tensor([0]), torch.tensor([0.5])))
+    assert kept[0].tolist() == [True, True, True, True]  # 0.4 above each 0.2: all of the run stays
+    kept = torch.isfinite(top_k_top_p(probs, torch.tensor([0]), torch.tensor([0.39])))
+    assert kept[0].tolist() == [True, False, False, False]

@@ -12,7 +12,7 @@ import torch
 from pipelines.graphs import Input, Tensors
 from pipelines.kv_cache import PagedKVCache
 from pipelines.kv_views import DecodeKV, PrefillKV, decode_inputs
-from pipelines.sampling import gumbel_noise, sampling_inputs, static_sampler
+from pipelines.sampling import sampling_inputs, static_sampler
 
 from .frame import FrameTalker
 from .prefill import last_hidden, prefill_step_inputs
@@ -53,8 +53,7 @@ class FrameStep:
         predictor, frame_no = static_sampler(b, "p"), b["frame"]
         cp = self.talker.code_predictor
         steps = frame_no[:, None] * (cp.num_steps + 1) + torch.arange(cp.num_steps, device=frame_no.device)
-        noise = gumbel_noise(predictor.seed, steps, cp.cfg.vocab_size)  # all the predictor's draws' noise at once
-        frame = self.talker.next_frame(hidden, code0, lambda lg, i: predictor(lg, steps[:, i], gumbel=noise[:, i]))
+        frame = self.talker.next_frame(hidden, code0, lambda lg, i: predictor(lg, steps[:, i]))
         self.seen[b["slot"], code0] = torch.ones_like(code0, dtype=torch.bool)  # a device value: capturable
         return {"codes": frame.codes, "embed_sum": frame.embed_sum, "bad": logits.isnan().any(dim=-1)}
 
