@@ -1,5 +1,5 @@
 """The captured decode steps at full size on one GPU: thinker token (the full sampler's step, and the step for
-all-greedy batches) and whole talker frame, per bucket.
+all-greedy batches) and whole talker frame (sampled with the served defaults), per bucket.
 
 For each batch size: eager time, CUDA-graph replay time (median of CUDA-event timings), host time of
 `prepare` (filling the static buffers), and graph == eager (greedy ids identical, float outputs within
@@ -25,8 +25,9 @@ from models.common.frame_step import FrameStep  # noqa: E402
 from models.qwen3_omni.config import OmniConfig  # noqa: E402
 from models.qwen3_omni.forward import ThinkerDecode  # noqa: E402
 from models.qwen3_omni.model import random_model  # noqa: E402
+from models.qwen3_omni.spec import DEFAULTS  # noqa: E402
 from models.qwen3_omni.tiny import FULL_CONFIG, tiny_config  # noqa: E402
-from pipelines import kv_views  # noqa: E402
+from pipelines import kv_views, sampling  # noqa: E402
 from pipelines.graphs import BUCKETS, GraphRunner  # noqa: E402
 from pipelines.kv_cache import KVLayout, PagedKVCache  # noqa: E402
 from pipelines.sampling import SamplingParams, sampling_rows  # noqa: E402
@@ -121,7 +122,12 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--quantization", choices=["fp8"], help="fp8: the MoE experts kept in fp8 (serve's flag)")
     ap.add_argument("--profile-dir", help="write an eager kernel profile of the first batch size here")
+    ap.add_argument("--stages", default="thinker,talker", help="which steps to measure")
+    ap.add_argument("--torch-sampling", action="store_true",
+                    help="the codec heads' sampler as torch ops, not the kernel (sampling.FUSED)")
     args = ap.parse_args()
+    sampling.FUSED = not args.torch_sampling
+    stages = args.stages.split(",")
     dev, dtype = "cuda", torch.bfloat16
     torch.manual_seed(0)
     cfg = OmniConfig.from_hf(tiny_config("a") if args.tiny else json.loads(FULL_CONFIG.read_text()))
@@ -129,6 +135,7 @@ def main() -> None:
     batches = [int(x) for x in args.batches.split(",")]
     buckets = tuple(b for b in BUCKETS if b <= max(batches)) or BUCKETS[:1]
     res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "context": args.context,
+                 "fused_sampling": sampling.FUSED,
                  "quantization": args.quantization, "weights_GiB": round(torch.cuda.memory_allocated() / 2**30, 1)}
     greedy = SamplingParams(greedy=True, repetition_penalty=1.05)
     with torch.inference_mode():
@@ -142,7 +149,7 @@ def main() -> None:
         def thinker_rows(n: int) -> dict:
             return {"x": torch.randn(n, 1, h, device=dev, dtype=dtype), "step": [0] * n, "no_eos": [True] * n,
                     **sampling_rows("s", [greedy] * n)}
-        for name, only_greedy in (("thinker", False), ("thinker_greedy", True)):  # the full sampler; argmax only
+        for name, only_greedy in (("thinker", False), ("thinker_greedy", True)) if "thinker" in stages else ():
             step = ThinkerDecode(model, cache, vocab, only_greedy)
             runner = GraphRunner(name, step, step.inputs(dtype, width, scratch), dev, buckets, graphs=True)
             runner.capture()
@@ -152,7 +159,9 @@ def main() -> None:
             del runner, step
         del cache
         torch.cuda.empty_cache()
-        # talker
+        if "talker" not in stages:
+            print_line(res, args.out)
+            return
         tctx = args.context // 4
         cache, scratch = filled_cache(cfg.talker.text, top, tctx, dtype, dev)
         width = -(-(tctx + 64) // 16)
@@ -169,8 +178,8 @@ def main() -> None:
 
         def talker_rows(n: int) -> dict:
             return {"x": torch.randn(n, 1, ht, device=dev, dtype=dtype), "frame": [3] * n, "slot": list(range(n)),
-                    "no_eos": [True] * n, **sampling_rows("t", [greedy] * n),
-                    **sampling_rows("p", [SamplingParams(greedy=True)] * n)}
+                    "no_eos": [True] * n, **sampling_rows("t", [DEFAULTS["talker"]] * n),
+                    **sampling_rows("p", [DEFAULTS["predictor"]] * n)}  # sampled, as served
         res["talker_frame"] = bench_stage("talker", step, runner, cache, width, batches, talker_rows, args.reps,
                                           seen.zero_, args.profile_dir)
     res["max_memory_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
