@@ -21,6 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_pipeline import print_line  # noqa: E402
+from models.common import skinny  # noqa: E402
 from models.common.frame_step import FrameStep  # noqa: E402
 from models.qwen3_omni.config import OmniConfig  # noqa: E402
 from models.qwen3_omni.forward import ThinkerDecode  # noqa: E402
@@ -125,8 +126,10 @@ def main() -> None:
     ap.add_argument("--stages", default="thinker,talker", help="which steps to measure")
     ap.add_argument("--torch-sampling", action="store_true",
                     help="the codec heads' sampler as torch ops, not the kernel (sampling.FUSED)")
+    ap.add_argument("--cublas", action="store_true", help="every linear through cuBLAS, not skinny.py's choice")
     args = ap.parse_args()
     sampling.FUSED = not args.torch_sampling
+    skinny.ENABLED = not args.cublas
     stages = args.stages.split(",")
     dev, dtype = "cuda", torch.bfloat16
     torch.manual_seed(0)
@@ -135,7 +138,7 @@ def main() -> None:
     batches = [int(x) for x in args.batches.split(",")]
     buckets = tuple(b for b in BUCKETS if b <= max(batches)) or BUCKETS[:1]
     res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "context": args.context,
-                 "fused_sampling": sampling.FUSED,
+                 "fused_sampling": sampling.FUSED, "skinny": skinny.ENABLED,
                  "quantization": args.quantization, "weights_GiB": round(torch.cuda.memory_allocated() / 2**30, 1)}
     greedy = SamplingParams(greedy=True, repetition_penalty=1.05)
     with torch.inference_mode():

@@ -10,7 +10,7 @@ F frames decode to F * 1920 - `holdback` (555) samples. code2wav_batch.py stream
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +18,7 @@ from torch import nn
 
 from models.common import fused
 from models.common.config import Code2WavConfig
+from models.common.fastest import fastest
 from models.common.layers import DenseKVCache, KVCache, LayerStack, RMSNorm, Rope, SelfAttention, SwiGLU
 
 
@@ -38,31 +39,12 @@ def conv_matmul(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
                          cols)
 
 
-_FASTER: dict[tuple, bool] = {}  # (conv's shape, input's shape, dtype, device) -> conv_matmul is the faster
-
-
 def _matmul_faster(conv: nn.Conv1d, x: torch.Tensor) -> bool:
     """For some dilated convs cuDNN picks a kernel 6-12x slower than conv_matmul (0.9 ms against 0.07-0.14 ms at
     48 rows on the H200, benchmarks/check_code2wav_batch.py --layers), for others it is up to 2x faster: the
-    first call of each shape times both and keeps the faster (a call while a CUDA graph is captured takes cuDNN's
-    unless that shape was timed, as the capture's eager warm-up does)."""
-    key = (tuple(conv.weight.shape), conv.dilation[0], tuple(x.shape), x.dtype, x.device)
-    if key not in _FASTER:
-        if torch.cuda.is_current_stream_capturing():
-            return False
-        _FASTER[key] = _time(lambda: conv_matmul(x, conv)) < _time(lambda: conv(x))
-    return _FASTER[key]
-
-
-def _time(fn: Callable[[], torch.Tensor], reps: int = 5) -> float:
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
+    first call of each shape times both and keeps the faster (fastest.py)."""
+    key = ("conv", tuple(conv.weight.shape), conv.dilation[0], tuple(x.shape), x.dtype, x.device)
+    return fastest(key, (lambda: conv(x), lambda: conv_matmul(x, conv))) == 1
 
 
 class CausalConv(nn.Module):

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from models.common.config import CodePredictorConfig
-from models.common.layers import DenseKVCache, KVCache, LayerStack, RMSNorm, Rope, text_layer
+from models.common.layers import DenseKVCache, KVCache, LayerStack, Linear, RMSNorm, Rope, text_layer
 
 # sample(logits [B, V], step) -> ids [B]; step 0 chooses codebook 1.
 Sampler = Callable[[torch.Tensor, int], torch.Tensor]
@@ -45,7 +45,7 @@ class CodePredictor(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = CodePredictorModel(cfg)
-        self.lm_head = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = nn.ModuleList(Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
                                      for _ in range(cfg.num_code_groups - 1))
 
     @property

@@ -12,7 +12,7 @@ from torch import nn
 from models.common.code_predictor import CodePredictor
 from models.common.config import ConfigError, TextConfig
 from models.common.frame import FrameTalker
-from models.common.layers import LayerStack, ResizeMLP, RMSNorm, Rope, text_layer
+from models.common.layers import LayerStack, Linear, ResizeMLP, RMSNorm, Rope, text_layer
 from models.qwen3_omni.config import TalkerConfig
 
 
@@ -35,7 +35,7 @@ class Talker(FrameTalker):
             raise ConfigError("talker_config.text_config: the talker needs routed experts and a shared expert")
         self.cfg = cfg
         self.model = TalkerModel(text)
-        self.codec_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.codec_head = Linear(text.hidden_size, text.vocab_size, bias=False)
         self.text_projection = ResizeMLP(cfg.thinker_hidden_size, text.intermediate_size, text.hidden_size)
         self.hidden_projection = ResizeMLP(cfg.thinker_hidden_size, text.intermediate_size, text.hidden_size)
         self.code_predictor = CodePredictor(cfg.code_predictor)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from models.common.config import TextConfig
-from models.common.layers import KVCache, RMSNorm, Rope, text_layer
+from models.common.layers import KVCache, Linear, RMSNorm, Rope, text_layer
 
 from .audio_encoder import AudioEncoder
 from .config import ThinkerConfig
@@ -50,7 +50,7 @@ class ThinkerText(nn.Module):
     def __init__(self, cfg: TextConfig) -> None:
         super().__init__()
         self.model = TextModel(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """[B, T] token ids -> [B, T, H] embeddings."""

@@ -12,7 +12,7 @@ from torch import nn
 from models.common.code_predictor import CodePredictor
 from models.common.config import CodePredictorConfig
 from models.common.frame import FrameTalker
-from models.common.layers import KVCache, LayerStack, ResizeMLP, RMSNorm, Rope, text_layer
+from models.common.layers import KVCache, LayerStack, Linear, ResizeMLP, RMSNorm, Rope, text_layer
 
 from .config import TalkerConfig
 
@@ -47,7 +47,7 @@ class Talker(FrameTalker):
         h = cfg.text.hidden_size
         self.model = TalkerModel(cfg)
         self.text_projection = ResizeMLP(cfg.text_hidden_size, cfg.text_hidden_size, h)
-        self.codec_head = nn.Linear(h, cfg.text.vocab_size, bias=False)
+        self.codec_head = Linear(h, cfg.text.vocab_size, bias=False)
         self.code_predictor = TtsCodePredictor(cfg.code_predictor, h)
 
     def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
