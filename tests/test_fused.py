@@ -161,6 +161,14 @@ def test_cpu_dispatch_is_todays_code() -> None:
         assert torch.equal(got[0], apply_rope(attn.q_norm(q), cos, sin))
         assert torch.equal(got[1], apply_rope(attn.k_norm(k), cos, sin))
         assert not fused._use_triton(x, m.weight)
+        logits = torch.randn(5, 60).to(torch.bfloat16)
+        for norm in (False, True):
+            probs = torch.nn.functional.softmax(logits, dim=-1, dtype=torch.float32)
+            weights, idx = probs.topk(4, dim=-1)
+            if norm:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
+            got = fused.route(logits, 4, norm)
+            assert torch.equal(got[0], weights) and torch.equal(got[1], idx)
 
 
 def test_bad_shapes_are_refused() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 
 import torch
+import torch.nn.functional as F
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None  # CPU-only torch builds ship without it
 
@@ -36,6 +37,14 @@ def rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def snake_torch(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     alpha, beta = alpha.exp()[:, None], beta.exp()[:, None]
     return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
+
+
+def route_torch(logits: torch.Tensor, top_k: int, norm_topk: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, idx = probs.topk(top_k, dim=-1)
+    if norm_topk:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, idx
 
 
 def _use_triton(*ts: torch.Tensor | None) -> bool:
@@ -78,6 +87,12 @@ def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Ten
     if _use_triton(x, alpha, beta) and x.dim() == 3 and _vec(alpha, x.shape[1]) and _vec(beta, x.shape[1]):
         return snake_triton(x, alpha, beta)
     return snake_torch(x, alpha, beta)
+
+
+def route(logits: torch.Tensor, top_k: int, norm_topk: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [N, E] -> (weights [N, K] float32, expert ids [N, K] int64), larger weights first: softmax
+    over the E experts in float32, the top K, with norm_topk divided by their sum."""
+    return route_torch(logits, top_k, norm_topk)
 
 
 def _pow2(n: int) -> int:
