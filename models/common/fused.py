@@ -1,10 +1,11 @@
 """Fused Triton kernels (one each instead of 5 to 24) for RMSNorm, residual add + RMSNorm, per-head QK
-RMSNorm + rotate-half rope, and the codec's SnakeBeta, on CUDA tensors at inference; anything else takes the torch
-path.
+RMSNorm + rotate-half rope, the codec's SnakeBeta and the MoE router (softmax, top-k, renormalise), on CUDA
+tensors at inference; anything else takes the torch path.
 
 They round where the torch path rounds (the norm in float32, cast to the dtype, then the weight multiply
 rounded; rope's products and sum each rounded) and with no FMA contraction (`enable_fp_fusion=False`),
-as eager's separate multiply and add kernels round twice. Launches depend on shapes only, so CUDA graphs
+as eager's separate multiply and add kernels round twice. The router's softmax takes CUDA's expf and rounded
+division as torch's does; only its sums run in another order. Launches depend on shapes only, so CUDA graphs
 can capture them once warmed up eagerly (the first call compiles).
 """
 
@@ -89,9 +90,15 @@ def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Ten
     return snake_torch(x, alpha, beta)
 
 
+ROUTE_MAX_EXPERTS = 256  # one row of logits in one warp's registers
+
+
 def route(logits: torch.Tensor, top_k: int, norm_topk: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits [N, E] -> (weights [N, K] float32, expert ids [N, K] int64), larger weights first: softmax
-    over the E experts in float32, the top K, with norm_topk divided by their sum."""
+    over the E experts in float32, the top K, with norm_topk divided by their sum. Among equal probabilities the
+    fused kernel takes the lowest expert id first (torch's topk does not promise an order)."""
+    if _use_triton(logits) and logits.dim() == 2 and logits.shape[1] <= ROUTE_MAX_EXPERTS:
+        return route_triton(logits, top_k, norm_topk)
     return route_torch(logits, top_k, norm_topk)
 
 
@@ -165,3 +172,18 @@ def snake_triton(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> to
         K._snake[(-(-x.numel() // SNAKE_BLOCK),)](x, alpha, beta, out, x.numel(), x.shape[2], x.shape[1],
                                                    BLOCK=SNAKE_BLOCK, num_warps=4, enable_fp_fusion=False)
     return out
+
+
+def route_triton(logits: torch.Tensor, top_k: int, norm_topk: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    n, e = logits.shape
+    if not 0 < top_k <= e:
+        raise ValueError(f"route: top_k {top_k} of {e} experts")
+    from . import fused_kernels as K
+
+    logits = logits if logits.stride(1) == 1 else logits.contiguous()
+    weights = torch.empty(n, top_k, dtype=torch.float32, device=logits.device)
+    idx = torch.empty(n, top_k, dtype=torch.int64, device=logits.device)
+    if n:
+        K._route[(n,)](logits, weights, idx, e, logits.stride(0), TOP_K=top_k, NORM=norm_topk, BLOCK=_pow2(e),
+                       K_BLOCK=_pow2(top_k), num_warps=1, enable_fp_fusion=False, enable_reflect_ftz=False)
+    return weights, idx
