@@ -4,8 +4,11 @@ For each op and shape: max |fused - eager|, that over max |eager|, the fraction 
 bit-identical, whether the fused op replays in a CUDA graph to eager's values, and the time per op
 (microseconds, medians of CUDA events) launched one by one and replayed in a graph (20 ops per graph),
 for eager, fused, torch.nn.functional.rms_norm and torch.compile'd eager. Failures are recorded, not raised.
+The MoE router (bf16 gate logits of N tokens, also N=4096 as in a prefill) compares its float32 weights (max
+abs and relative difference) and expert ids (the fraction equal to eager's, the fraction of tokens routed to the
+same experts, the fraction of tokens whose top k + 1 probabilities hold equal ones) instead.
 
-  python3 benchmarks/check_fused.py    # one JSON line on stdout; ~2-3 min, mostly torch.compile
+  python3 benchmarks/check_fused.py    # one JSON line on stdout; ~3-4 min, mostly torch.compile
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from models.common.layers import RMSNorm, Rope  # noqa: E402
 
 MODELS = {"thinker": (2048, 32, 4, 1e-6), "talker": (1024, 16, 2, 1e-6), "code_predictor": (1024, 16, 8, 1e-6)}
 D, REPS, PER_GRAPH, BATCHES = 128, 200, 20, (1, 64)
+ROUTERS = {"thinker": (2048, 128, 8, True), "talker": (1024, 128, 6, True)}  # hidden, experts, top k, renormalise
+ROUTE_BATCHES = (1, 64, 4096)
 
 
 def event_us(fn, reps: int = REPS) -> float:
@@ -136,6 +141,39 @@ def model_cases(model: str, hidden: int, hq: int, hkv: int, eps: float, info: di
     return [rec for b in BATCHES for rec in at_batch(b)]
 
 
+def route_agreement(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor],
+                    logits: torch.Tensor, k: int) -> dict:
+    (w, idx), (want_w, want_idx) = got, want
+    d = (w - want_w).abs()
+    top = torch.softmax(logits, dim=-1, dtype=torch.float32).topk(k + 1, dim=-1).values
+    return {"weights_max_abs": d.max().item(), "weights_max_rel": (d / want_w).nan_to_num(0.0).max().item(),
+            "idx_equal": (idx == want_idx).float().mean().item(),
+            "same_experts": (idx.sort(-1).values == want_idx.sort(-1).values).all(-1).float().mean().item(),
+            "tied_rows": (top[:, 1:] == top[:, :-1]).any(-1).float().mean().item()}
+
+
+def route_cases(model: str, hidden: int, experts: int, k: int, norm: bool, info: dict) -> list[dict]:
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    gate = torch.randn(experts, hidden, device=dev, dtype=dt) * hidden**-0.5
+
+    def eager(logits):
+        return fused.route_torch(logits, k, norm)
+
+    compiled = try_(info, f"compile_route[{model}]", lambda: torch.compile(eager, dynamic=False))
+
+    def at_batch(b: int) -> dict:
+        logits = torch.randn(b, hidden, device=dev, dtype=dt) @ gate.T  # as MoE.forward's gate makes them
+        variants = {"eager": lambda: eager(logits), "fused": lambda: fused.route(logits, k, norm),
+                    "compiled": lambda: compiled(logits)}
+        rec = case("route", model, b, variants)
+        for name in ("fused", "compiled"):
+            if f"vs_eager[{name}]" in rec:  # weights and ids apart, not compare()'s one max over both
+                rec[f"vs_eager[{name}]"] = route_agreement(variants[name](), eager(logits), logits, k)
+        return rec
+
+    return [at_batch(b) for b in ROUTE_BATCHES]
+
+
 def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("check_fused.py needs a CUDA device")
@@ -144,6 +182,7 @@ def main() -> None:
     info["fused_takes_triton_path"] = fused._use_triton(torch.ones(1, device="cuda"))
     info["triton"] = try_(info, "triton", lambda: __import__("triton").__version__)
     info["cases"] = [rec for model, shape in MODELS.items() for rec in model_cases(model, *shape, info)]
+    info["cases"] += [rec for model, shape in ROUTERS.items() for rec in route_cases(model, *shape, info)]
     print(json.dumps(info))
 
 

@@ -4,7 +4,8 @@ The kernels run on CPU under Triton's interpreter, in a subprocess: TRITON_INTER
 before triton is first imported, and another test module may already have imported it here. The
 interpreter casts float32 -> bfloat16 by truncation where the GPU rounds to nearest even, so the
 subprocess swaps in a nearest-even cast; float16 and bfloat16 then check eager's roundings bit for
-bit. benchmarks/check_fused.py measures bfloat16 on the GPU.
+bit. The router's weights, float32 from any input, are checked to a few float32 ulp and its expert ids
+exactly. benchmarks/check_fused.py measures bfloat16 on the GPU.
 """
 
 from __future__ import annotations
@@ -60,6 +61,23 @@ SCRIPT = textwrap.dedent(
             d = (g.float() - w.float()).abs().max().item()
             out.append([name, str(dtype), d, w.float().abs().max().item(), (g != w).float().mean().item()])
 
+    routes, edges = [], []
+
+    # Each route case prints: name, dtype, max |fused - torch| and max of that over |torch| for the weights, the
+    # fraction of rows whose ids equal the lowest-id-first order of torch's probabilities, the number of rows
+    # whose top k + 1 probabilities hold equal ones, and the fraction of the other rows with torch's topk's ids.
+    def route(name, dtype, logits, k, renorm):
+        (w, idx), (want_w, want_idx) = fused.route_triton(logits, k, renorm), fused.route_torch(logits, k, renorm)
+        assert w.dtype == want_w.dtype and idx.dtype == want_idx.dtype and idx.shape == want_idx.shape == w.shape
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        first = probs.sort(dim=-1, descending=True, stable=True)
+        top = first.values[:, : k + 1]
+        tied = (top[:, 1:] == top[:, :-1]).any(-1)
+        d = (w - want_w).abs()
+        routes.append([name, str(dtype), d.max().item(), (d / want_w.abs()).nan_to_num(0.0).max().item(),
+                       (idx == first.indices[:, :k]).all(-1).float().mean().item(), tied.sum().item(),
+                       (idx == want_idx).all(-1)[~tied].float().mean().item() if not tied.all() else 1.0])
+
     def norm(n, dtype):
         m = RMSNorm(n, 1e-6).to(dtype).requires_grad_(False)
         m.weight.normal_(1.0, 0.5)
@@ -102,7 +120,18 @@ SCRIPT = textwrap.dedent(
             x = x[..., 100:] if strided else x
             got, want = fused.snake_triton(x, m.alpha, m.beta), fused.snake_torch(x, m.alpha, m.beta)
             report(f"snake{tuple(x.shape)}", dtype, [got], [want])
-    print(json.dumps({"imported_triton": imported_triton, "cases": out}))
+
+        for n, e, k, renorm, ties in [(1, 128, 8, True, False), (3, 128, 6, False, False), (3, 128, 6, True, False),
+                                      (64, 128, 8, True, False), (8, 60, 4, False, False), (3, 60, 4, True, False),
+                                      (3, 128, 8, True, True), (3, 60, 4, False, True)]:
+            logits = torch.randint(-3, 3, (n, e)) if ties else torch.randn(n, e) * 2  # ties: many equal logits
+            route(f"route{(n, e, k, renorm)}{'(ties)' if ties else ''}", dtype, logits.to(dtype), k, renorm)
+        logits = torch.randn(3, 60).to(dtype)
+        logits[0, 7], logits[1, 3], logits[2] = float("nan"), float("inf"), float("-inf")
+        logits[2, 5] = 0.0  # NaN rows; a row of one finite logit, the rest probability 0
+        (w, idx), (want_w, _) = fused.route_triton(logits, 4, True), fused.route_torch(logits, 4, True)
+        edges.append([str(dtype), torch.equal(w.isnan(), want_w.isnan()), w[2].tolist(), idx.tolist()])
+    print(json.dumps({"imported_triton": imported_triton, "cases": out, "routes": routes, "edges": edges}))
     """
 )
 
@@ -125,9 +154,14 @@ def test_importing_the_model_does_not_import_triton(run: dict) -> None:
     assert not run["imported_triton"]
 
 
-def test_interpreted_cases_cover_every_kernel_and_dtype(interpreted: list[list]) -> None:
-    names = {(name.split("(")[0], dtype) for name, dtype, *_ in interpreted}
-    kernels = {"rms_norm", "add_rms_norm", "qk_norm_rope", "rope", "snake"}
+@pytest.fixture(scope="module")
+def routes(run: dict) -> list[list]:
+    return run["routes"]
+
+
+def test_interpreted_cases_cover_every_kernel_and_dtype(interpreted: list[list], routes: list[list]) -> None:
+    names = {(name.split("(")[0], dtype) for name, dtype, *_ in interpreted + routes}
+    kernels = {"rms_norm", "add_rms_norm", "qk_norm_rope", "rope", "snake", "route"}
     assert names == {(k, f"torch.{d}") for k in kernels for d in ("float32", "float16", "bfloat16")}
 
 
@@ -142,6 +176,28 @@ def test_kernels_match_eager(interpreted: list[list], dtype: str, rel: float, id
         if dt == dtype:
             assert diff <= rel * scale, (name, dt, diff, scale)
             assert 1 - mismatched >= identical, (name, dt, mismatched)
+
+
+@pytest.mark.parametrize("dtype", ["torch.float32", "torch.float16", "torch.bfloat16"])
+def test_route_matches_torch(routes: list[list], dtype: str) -> None:
+    """Weights within 2^-22 and a relative 2^-21, a few float32 ulp: the same exp(x - max) / sum, but sums in
+    another order and, here, numpy's exp against torch's (on the GPU both take CUDA's expf); measured up to 3 *
+    2^-24 and 5.7 * 2^-24. Ids: the lowest id first among equal probabilities, and else torch's topk's."""
+    cases = [r for r in routes if r[1] == dtype]
+    assert len(cases) == 8, cases
+    for name, _, diff, rel, lowest_first, _, as_topk in cases:
+        assert diff <= 2**-22 and rel <= 2**-21, (name, diff, rel)
+        assert lowest_first == 1.0 and as_topk == 1.0, (name, lowest_first, as_topk)
+    tied = {r[0]: r[5] for r in cases if r[0].endswith("(ties)")}
+    assert len(tied) == 2 and all(tied.values()), tied
+
+
+def test_route_keeps_nan_and_ids_in_range(run: dict) -> None:
+    """NaN probabilities rank first, as in torch's topk; ties of zero probability go by the lowest id."""
+    assert len(run["edges"]) == 3
+    for dtype, nan_where_torch, zero_row, idx in run["edges"]:
+        assert nan_where_torch and zero_row == [1.0, 0.0, 0.0, 0.0], (dtype, zero_row)
+        assert idx == [[0, 1, 2, 3], [0, 1, 2, 3], [5, 0, 1, 2]], (dtype, idx)
 
 
 def test_cpu_dispatch_is_todays_code() -> None:
@@ -161,6 +217,14 @@ def test_cpu_dispatch_is_todays_code() -> None:
         assert torch.equal(got[0], apply_rope(attn.q_norm(q), cos, sin))
         assert torch.equal(got[1], apply_rope(attn.k_norm(k), cos, sin))
         assert not fused._use_triton(x, m.weight)
+        logits = torch.randn(5, 60).to(torch.bfloat16)
+        for norm in (False, True):
+            probs = torch.nn.functional.softmax(logits, dim=-1, dtype=torch.float32)
+            weights, idx = probs.topk(4, dim=-1)
+            if norm:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
+            got = fused.route(logits, 4, norm)
+            assert torch.equal(got[0], weights) and torch.equal(got[1], idx)
 
 
 def test_bad_shapes_are_refused() -> None:
@@ -169,6 +233,8 @@ def test_bad_shapes_are_refused() -> None:
         fused.qk_norm_rope_triton(torch.ones(1, 1, 2, 127), torch.ones(1, 1, 1, 127), None, None, 1e-6, cos, sin)
     with pytest.raises(ValueError, match="same B, T"):
         fused.qk_norm_rope_triton(torch.ones(1, 2, 2, 128), torch.ones(1, 1, 1, 128), None, None, 1e-6, cos, sin)
+    with pytest.raises(ValueError, match="top_k 5 of 4 experts"):
+        fused.route_triton(torch.ones(3, 4), 5, True)
 
 
 COMPILE = textwrap.dedent(
@@ -184,28 +250,36 @@ COMPILE = textwrap.dedent(
     ROPE = {n: "*bf16" for n in ("q_ptr", "k_ptr", "qw_ptr", "kw_ptr", "cos_ptr", "sin_ptr", "qo_ptr", "ko_ptr")}
     ROPE |= {n: "i32" for n in "T HQ sqb sqt sqh skb skt skh scb sct ssb sst".split()}
     ROPE |= {"eps": "fp32", "inv_d": "fp32"}
+    ROUTE = {"logits_ptr": "*bf16", "w_ptr": "*fp32", "idx_ptr": "*i64", "n_experts": "i32", "stride": "i32"}
     ptx = {}
-    for name, fn, sig, consts, warps in [
-        ("add_rms_norm", K._norm_rows, NORM, {"HAS_RES": True, "BLOCK": 2048}, 8),
-        ("qk_norm_rope", K._qk_norm_rope, ROPE, {"NORM": True, "HALF": 64, "BLOCK": 64}, 1),
+    for name, fn, sig, consts, opts in [  # the launch options fused.py passes
+        ("add_rms_norm", K._norm_rows, NORM, {"HAS_RES": True, "BLOCK": 2048}, {"num_warps": 8}),
+        ("qk_norm_rope", K._qk_norm_rope, ROPE, {"NORM": True, "HALF": 64, "BLOCK": 64}, {"num_warps": 1}),
+        ("route", K._route, ROUTE, {"TOP_K": 8, "NORM": True, "BLOCK": 128, "K_BLOCK": 8},
+         {"num_warps": 1, "enable_reflect_ftz": False}),
     ]:
         sig = {**sig, **dict.fromkeys(consts, "constexpr")}
         src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts)
-        opts = backend.parse_options({"num_warps": warps, "enable_fp_fusion": False})
+        opts = backend.parse_options({**opts, "enable_fp_fusion": False})
         text = triton.compile(src, target=target, options=opts.__dict__).asm["ptx"]
-        ptx[name] = sorted(set(re.findall(r"\\b(?:cvt|fma|mul|add|sub|rsqrt)\\.[a-z0-9.]*f(?:32|16)\\b", text)))
+        ptx[name] = sorted(set(re.findall(r"\\b(?:cvt|fma|mul|add|sub|rsqrt|div)\\.[a-z0-9.]*f(?:32|16)\\b", text)))
     print(json.dumps(ptx))
     """
 )
 
 
 def test_kernels_compile_for_the_h200_with_eagers_roundings() -> None:
-    """Compiled (not interpreted) for sm_90: bfloat16 rounds to nearest even, products are not fused into FMAs."""
+    """Compiled (not interpreted) for sm_90: bfloat16 rounds to nearest even, products are not fused into FMAs;
+    the router divides and exponentiates as torch's softmax does."""
     if not (Path(importlib.util.find_spec("triton").origin).parent / "backends" / "nvidia").is_dir():
         pytest.skip("triton has no NVIDIA backend here")
     proc = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, cwd=ROOT, timeout=300,
                           env={**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-4000:]
-    for name, ops in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+    ptx = json.loads(proc.stdout.strip().splitlines()[-1])
+    route = ptx.pop("route")  # divisions rounded as torch's; exp is CUDA's expf (its fma range reduction), no ftz
+    assert "div.rn.f32" in route and "fma.rn.f32" in route, route
+    assert not any(".ftz" in op or op.startswith(("div.full", "div.approx")) for op in route), route
+    for name, ops in ptx.items():
         assert "cvt.rn.bf16.f32" in ops and "mul.rn.f32" in ops, (name, ops)
         assert not any(op.startswith("fma") for op in ops), (name, ops)

@@ -1,10 +1,11 @@
 """Fused Triton kernels (one each instead of 5 to 24) for RMSNorm, residual add + RMSNorm, per-head QK
-RMSNorm + rotate-half rope, and the codec's SnakeBeta, on CUDA tensors at inference; anything else takes the torch
-path.
+RMSNorm + rotate-half rope, the codec's SnakeBeta and the MoE router (softmax, top-k, renormalise), on CUDA
+tensors at inference; anything else takes the torch path.
 
 They round where the torch path rounds (the norm in float32, cast to the dtype, then the weight multiply
 rounded; rope's products and sum each rounded) and with no FMA contraction (`enable_fp_fusion=False`),
-as eager's separate multiply and add kernels round twice. Launches depend on shapes only, so CUDA graphs
+as eager's separate multiply and add kernels round twice. The router's softmax takes CUDA's expf and rounded
+division as torch's does; only its sums run in another order. Launches depend on shapes only, so CUDA graphs
 can capture them once warmed up eagerly (the first call compiles).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 
 import torch
+import torch.nn.functional as F
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None  # CPU-only torch builds ship without it
 
@@ -36,6 +38,14 @@ def rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def snake_torch(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     alpha, beta = alpha.exp()[:, None], beta.exp()[:, None]
     return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
+
+
+def route_torch(logits: torch.Tensor, top_k: int, norm_topk: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, idx = probs.topk(top_k, dim=-1)
+    if norm_topk:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, idx
 
 
 def _use_triton(*ts: torch.Tensor | None) -> bool:
@@ -78,6 +88,18 @@ def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Ten
     if _use_triton(x, alpha, beta) and x.dim() == 3 and _vec(alpha, x.shape[1]) and _vec(beta, x.shape[1]):
         return snake_triton(x, alpha, beta)
     return snake_torch(x, alpha, beta)
+
+
+ROUTE_MAX_EXPERTS = 256  # one row of logits in one warp's registers
+
+
+def route(logits: torch.Tensor, top_k: int, norm_topk: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [N, E] -> (weights [N, K] float32, expert ids [N, K] int64), larger weights first: softmax
+    over the E experts in float32, the top K, with norm_topk divided by their sum. Among equal probabilities the
+    fused kernel takes the lowest expert id first (torch's topk does not promise an order)."""
+    if _use_triton(logits) and logits.dim() == 2 and logits.shape[1] <= ROUTE_MAX_EXPERTS:
+        return route_triton(logits, top_k, norm_topk)
+    return route_torch(logits, top_k, norm_topk)
 
 
 def _pow2(n: int) -> int:
@@ -150,3 +172,18 @@ def snake_triton(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> to
         K._snake[(-(-x.numel() // SNAKE_BLOCK),)](x, alpha, beta, out, x.numel(), x.shape[2], x.shape[1],
                                                    BLOCK=SNAKE_BLOCK, num_warps=4, enable_fp_fusion=False)
     return out
+
+
+def route_triton(logits: torch.Tensor, top_k: int, norm_topk: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    n, e = logits.shape
+    if not 0 < top_k <= e:
+        raise ValueError(f"route: top_k {top_k} of {e} experts")
+    from . import fused_kernels as K
+
+    logits = logits if logits.stride(1) == 1 else logits.contiguous()
+    weights = torch.empty(n, top_k, dtype=torch.float32, device=logits.device)
+    idx = torch.empty(n, top_k, dtype=torch.int64, device=logits.device)
+    if n:
+        K._route[(n,)](logits, weights, idx, e, logits.stride(0), TOP_K=top_k, NORM=norm_topk, BLOCK=_pow2(e),
+                       K_BLOCK=_pow2(top_k), num_warps=1, enable_fp_fusion=False, enable_reflect_ftz=False)
+    return weights, idx

@@ -2,6 +2,21 @@
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
+
+if triton.knobs.runtime.interpret:  # the interpreter runs no libdevice; there tl.exp is numpy's exp
+
+    @triton.jit
+    def _expf(x):
+        return tl.exp(x)
+
+else:
+
+    @triton.jit
+    def _expf(x):
+        """CUDA's expf, as in torch's softmax (tl.exp: ex2.approx of a rounded x * log2(e), off more as |x| grows)."""
+        return libdevice.exp(x)
+
 
 
 @triton.jit
@@ -82,3 +97,31 @@ def _snake(x_ptr, alpha_ptr, beta_ptr, out_ptr, n, t, c, BLOCK: tl.constexpr):
     s = tl.sin((x.to(tl.float32) * a).to(dt).to(tl.float32)).to(dt).to(tl.float32)
     s = (s * s).to(dt).to(tl.float32)
     tl.store(out_ptr + i, (x.to(tl.float32) + (inv * s).to(dt).to(tl.float32)).to(dt), mask=m)
+
+@triton.jit
+def _route(logits_ptr, w_ptr, idx_ptr, n_experts, stride, TOP_K: tl.constexpr, NORM: tl.constexpr,
+           BLOCK: tl.constexpr, K_BLOCK: tl.constexpr):
+    """One token's row: softmax over the experts in float32, exp(x - max) / sum as torch computes it; then TOP_K
+    rounds of taking the largest probability, the lowest expert index among equal ones; the TOP_K weights
+    divided by their sum when NORM. A NaN probability ranks first, as in torch's topk, so ids stay in range."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    live = cols < n_experts
+    x = tl.load(logits_ptr + row * stride + cols, mask=live, other=float("-inf")).to(tl.float32)
+    e = _expf(x - tl.max(x, axis=0))
+    p = tl.math.div_rn(e, tl.sum(e, axis=0))
+    key = tl.where(live, tl.where(p == p, p, float("inf")), float("-inf"))  # taken lanes become -inf too
+    ks = tl.arange(0, K_BLOCK)
+    w = tl.zeros([K_BLOCK], dtype=tl.float32)
+    idx = tl.zeros([K_BLOCK], dtype=tl.int32)
+    for k in tl.static_range(TOP_K):
+        best = tl.max(key, axis=0)
+        at = tl.min(tl.where(key == best, cols, BLOCK), axis=0)
+        w = tl.where(ks == k, best, w)
+        idx = tl.where(ks == k, at, idx)
+        key = tl.where(cols == at, float("-inf"), key)
+    w = tl.where(w == float("inf"), float("nan"), w)
+    if NORM:
+        w = tl.math.div_rn(w, tl.sum(w, axis=0))
+    tl.store(w_ptr + row * TOP_K + ks, w, mask=ks < TOP_K)
+    tl.store(idx_ptr + row * TOP_K + ks, idx.to(tl.int64), mask=ks < TOP_K)

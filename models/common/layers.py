@@ -211,10 +211,7 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
-        weights, idx = probs.topk(self.top_k, dim=-1)
-        if self.norm_topk:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights, idx = fused.route(self.gate(x), self.top_k, self.norm_topk)
         out = self.experts(x, idx, weights.to(x.dtype))
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
