@@ -13,6 +13,7 @@ same experts, the fraction of tokens whose top k + 1 probabilities hold equal on
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -159,12 +160,13 @@ def route_cases(model: str, hidden: int, experts: int, k: int, norm: bool, info:
     def eager(logits):
         return fused.route_torch(logits, k, norm)
 
-    compiled = try_(info, f"compile_route[{model}]", lambda: torch.compile(eager, dynamic=False))
+    compiled = try_(info, f"compile_route[{model}]", lambda: torch.compile(eager, dynamic=False)) if COMPILE else None
 
     def at_batch(b: int) -> dict:
         logits = torch.randn(b, hidden, device=dev, dtype=dt) @ gate.T  # as MoE.forward's gate makes them
-        variants = {"eager": lambda: eager(logits), "fused": lambda: fused.route(logits, k, norm),
-                    "compiled": lambda: compiled(logits)}
+        variants = {"eager": lambda: eager(logits), "fused": lambda: fused.route(logits, k, norm)}
+        if compiled is not None:
+            variants["compiled"] = lambda: compiled(logits)
         rec = case("route", model, b, variants)
         for name in ("fused", "compiled"):
             if f"vs_eager[{name}]" in rec:  # weights and ids apart, not compare()'s one max over both
@@ -174,14 +176,23 @@ def route_cases(model: str, hidden: int, experts: int, k: int, norm: bool, info:
     return [at_batch(b) for b in ROUTE_BATCHES]
 
 
+COMPILE = True
+
+
 def main() -> None:
+    global COMPILE
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--route-only", action="store_true", help="the router's cases alone, without torch.compile")
+    args = ap.parse_args()
+    COMPILE = not args.route_only
     if not torch.cuda.is_available():
         sys.exit("check_fused.py needs a CUDA device")
     torch.manual_seed(0)
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     info["fused_takes_triton_path"] = fused._use_triton(torch.ones(1, device="cuda"))
     info["triton"] = try_(info, "triton", lambda: __import__("triton").__version__)
-    info["cases"] = [rec for model, shape in MODELS.items() for rec in model_cases(model, *shape, info)]
+    info["cases"] = [] if args.route_only else [
+        rec for model, shape in MODELS.items() for rec in model_cases(model, *shape, info)]
     info["cases"] += [rec for model, shape in ROUTERS.items() for rec in route_cases(model, *shape, info)]
     print(json.dumps(info))
 
