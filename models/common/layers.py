@@ -231,10 +231,17 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
                 cache: KVCache | None) -> torch.Tensor:
-        post = self.post_attention_layernorm
-        x, h = fused.add_rms_norm(self.self_attn(self.input_layernorm(x), cos, sin, layer, cache), x, post.weight,
-                                  post.eps)
-        return x + self.mlp(h)
+        x, out = self.deferred(x, None, cos, sin, layer, cache)
+        return x + out
+
+    def deferred(self, x: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                 layer: int, cache: KVCache | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block over x + delta (the previous block's MLP output, added here in the input norm's kernel);
+        -> (its residual stream before the MLP, the MLP's output), to be added by the next norm."""
+        pre, post = self.input_layernorm, self.post_attention_layernorm
+        x, h = (x, pre(x)) if delta is None else fused.add_rms_norm(delta, x, pre.weight, pre.eps)
+        x, h = fused.add_rms_norm(self.self_attn(h, cos, sin, layer, cache), x, post.weight, post.eps)
+        return x, self.mlp(h)
 
 
 def text_layer(cfg: TextConfig | CodePredictorConfig, moe: bool) -> DecoderLayer:
@@ -256,9 +263,18 @@ class LayerStack(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
         cos, sin = self.rope(positions, x.dtype)
+        delta = None
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, i, cache)
-        return self.norm(x)
+            if isinstance(layer, DecoderLayer):
+                x, delta = layer.deferred(x, delta, cos, sin, i, cache)
+            else:
+                x = layer(x, cos, sin, i, cache)
+        return final_norm(self.norm, x, delta)
+
+
+def final_norm(norm: RMSNorm, x: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+    """norm(x + delta), the add in the norm's kernel."""
+    return norm(x) if delta is None else fused.add_rms_norm(delta, x, norm.weight, norm.eps)[1]
 
 
 class ResizeMLP(nn.Module):

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from models.common.config import TextConfig
-from models.common.layers import KVCache, Linear, RMSNorm, Rope, text_layer
+from models.common.layers import KVCache, Linear, RMSNorm, Rope, final_norm, text_layer
 
 from .audio_encoder import AudioEncoder
 from .config import ThinkerConfig
@@ -35,12 +35,13 @@ class TextModel(nn.Module):
         if capture_layer is not None and not 0 <= capture_layer <= n:
             raise ValueError(f"capture_layer {capture_layer} is outside 0..{n}")
         cos, sin = self.rope(positions, x.dtype)
-        captured = x if capture_layer == 0 else None
+        captured, delta = (x if capture_layer == 0 else None), None
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, i, cache)
+            x, delta = layer.deferred(x, delta, cos, sin, i, cache)
             if capture_layer == i + 1 and i + 1 < n:
+                x, delta = x + delta, None
                 captured = x
-        x = self.norm(x)
+        x = final_norm(self.norm, x, delta)
         if capture_layer == n:
             captured = x
         return x, captured
