@@ -120,6 +120,9 @@ SCRIPT = textwrap.dedent(
             x = x[..., 100:] if strided else x
             got, want = fused.snake_triton(x, m.alpha, m.beta), fused.snake_torch(x, m.alpha, m.beta)
             report(f"snake{tuple(x.shape)}", dtype, [got], [want])
+        for shape in [(1, 1, 6144), (3, 2, 768), (5, 2 * 1100), (4, 10)]:  # the predictor's; MoE experts'; ragged
+            x = torch.randn(shape).to(dtype) * 3
+            report(f"silu_mul{shape}", dtype, [fused.silu_mul_triton(x)], [fused.silu_mul_torch(x)])
 
         for n, e, k, renorm, ties in [(1, 128, 8, True, False), (3, 128, 6, False, False), (3, 128, 6, True, False),
                                       (64, 128, 8, True, False), (8, 60, 4, False, False), (3, 60, 4, True, False),
@@ -161,7 +164,7 @@ def routes(run: dict) -> list[list]:
 
 def test_interpreted_cases_cover_every_kernel_and_dtype(interpreted: list[list], routes: list[list]) -> None:
     names = {(name.split("(")[0], dtype) for name, dtype, *_ in interpreted + routes}
-    kernels = {"rms_norm", "add_rms_norm", "qk_norm_rope", "rope", "snake", "route"}
+    kernels = {"rms_norm", "add_rms_norm", "qk_norm_rope", "rope", "snake", "route", "silu_mul"}
     assert names == {(k, f"torch.{d}") for k in kernels for d in ("float32", "float16", "bfloat16")}
 
 
@@ -251,12 +254,14 @@ COMPILE = textwrap.dedent(
     ROPE |= {n: "i32" for n in "T HQ sqb sqt sqh skb skt skh scb sct ssb sst".split()}
     ROPE |= {"eps": "fp32", "inv_d": "fp32"}
     ROUTE = {"logits_ptr": "*bf16", "w_ptr": "*fp32", "idx_ptr": "*i64", "n_experts": "i32", "stride": "i32"}
+    SILU = {"x_ptr": "*bf16", "out_ptr": "*bf16", "half": "i32", "stride": "i32"}
     ptx = {}
     for name, fn, sig, consts, opts in [  # the launch options fused.py passes
         ("add_rms_norm", K._norm_rows, NORM, {"HAS_RES": True, "BLOCK": 2048}, {"num_warps": 8}),
         ("qk_norm_rope", K._qk_norm_rope, ROPE, {"NORM": True, "HALF": 64, "BLOCK": 64}, {"num_warps": 1}),
         ("route", K._route, ROUTE, {"TOP_K": 8, "NORM": True, "BLOCK": 128, "K_BLOCK": 8},
          {"num_warps": 1, "enable_reflect_ftz": False}),
+        ("silu_mul", K._silu_mul, SILU, {"BLOCK": 1024}, {"num_warps": 4, "enable_reflect_ftz": False}),
     ]:
         sig = {**sig, **dict.fromkeys(consts, "constexpr")}
         src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts)
@@ -277,9 +282,10 @@ def test_kernels_compile_for_the_h200_with_eagers_roundings() -> None:
                           env={**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-4000:]
     ptx = json.loads(proc.stdout.strip().splitlines()[-1])
-    route = ptx.pop("route")  # divisions rounded as torch's; exp is CUDA's expf (its fma range reduction), no ftz
-    assert "div.rn.f32" in route and "fma.rn.f32" in route, route
-    assert not any(".ftz" in op or op.startswith(("div.full", "div.approx")) for op in route), route
+    for name in ("route", "silu_mul"):  # divisions rounded as torch's; exp is CUDA's expf (fma range reduction)
+        ops = ptx.pop(name)
+        assert "div.rn.f32" in ops and "fma.rn.f32" in ops, (name, ops)
+        assert not any(".ftz" in op or op.startswith(("div.full", "div.approx")) for op in ops), (name, ops)
     for name, ops in ptx.items():
         assert "cvt.rn.bf16.f32" in ops and "mul.rn.f32" in ops, (name, ops)
         assert not any(op.startswith("fma") for op in ops), (name, ops)

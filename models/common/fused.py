@@ -1,6 +1,6 @@
 """Fused Triton kernels (one each instead of 5 to 24) for RMSNorm, residual add + RMSNorm, per-head QK
-RMSNorm + rotate-half rope, the codec's SnakeBeta and the MoE router (softmax, top-k, renormalise), on CUDA
-tensors at inference; anything else takes the torch path.
+RMSNorm + rotate-half rope, the codec's SnakeBeta, the MoE router (softmax, top-k, renormalise) and SwiGLU's
+silu(gate) * up, on CUDA tensors at inference; anything else takes the torch path.
 
 They round where the torch path rounds (the norm in float32, cast to the dtype, then the weight multiply
 rounded; rope's products and sum each rounded) and with no FMA contraction (`enable_fp_fusion=False`),
@@ -38,6 +38,11 @@ def rope_torch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def snake_torch(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     alpha, beta = alpha.exp()[:, None], beta.exp()[:, None]
     return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
+
+
+def silu_mul_torch(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def route_torch(logits: torch.Tensor, top_k: int, norm_topk: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,6 +93,13 @@ def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Ten
     if _use_triton(x, alpha, beta) and x.dim() == 3 and _vec(alpha, x.shape[1]) and _vec(beta, x.shape[1]):
         return snake_triton(x, alpha, beta)
     return snake_torch(x, alpha, beta)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of gate_up [..., 2I] = [gate | up] -> [..., I], each rounded as eager rounds."""
+    if _use_triton(gate_up) and gate_up.shape[-1] % 2 == 0:
+        return silu_mul_triton(gate_up)
+    return silu_mul_torch(gate_up)
 
 
 ROUTE_MAX_EXPERTS = 256  # one row of logits in one warp's registers
@@ -187,3 +199,18 @@ def route_triton(logits: torch.Tensor, top_k: int, norm_topk: bool) -> tuple[tor
         K._route[(n,)](logits, weights, idx, e, logits.stride(0), TOP_K=top_k, NORM=norm_topk, BLOCK=_pow2(e),
                        K_BLOCK=_pow2(top_k), num_warps=1, enable_fp_fusion=False, enable_reflect_ftz=False)
     return weights, idx
+
+
+SILU_BLOCK = 1024
+
+
+def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
+    from . import fused_kernels as K
+
+    x2 = _rows(gate_up)
+    half = x2.shape[-1] // 2
+    out = torch.empty(*gate_up.shape[:-1], half, dtype=gate_up.dtype, device=gate_up.device)
+    if x2.shape[0] and half:
+        K._silu_mul[(x2.shape[0], -(-half // SILU_BLOCK))](x2, out, half, x2.stride(0), BLOCK=SILU_BLOCK, num_warps=4,
+                                                           enable_fp_fusion=False, enable_reflect_ftz=False)
+    return out

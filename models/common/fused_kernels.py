@@ -125,3 +125,16 @@ def _route(logits_ptr, w_ptr, idx_ptr, n_experts, stride, TOP_K: tl.constexpr, N
         w = tl.math.div_rn(w, tl.sum(w, axis=0))
     tl.store(w_ptr + row * TOP_K + ks, w, mask=ks < TOP_K)
     tl.store(idx_ptr + row * TOP_K + ks, idx.to(tl.int64), mask=ks < TOP_K)
+
+
+@triton.jit
+def _silu_mul(x_ptr, out_ptr, half, stride, BLOCK: tl.constexpr):
+    """One row's block of silu(gate) * up, as eager: x / (1 + expf(-x)) in float32 rounded, then the product."""
+    row = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = i < half
+    g = tl.load(x_ptr + row * stride + i, mask=m, other=0.0)
+    u = tl.load(x_ptr + row * stride + half + i, mask=m, other=0.0)
+    gf = g.to(tl.float32)
+    s = tl.math.div_rn(gf, 1.0 + _expf(-gf)).to(g.dtype)
+    tl.store(out_ptr + row * half + i, (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=m)
