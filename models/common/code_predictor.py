@@ -53,7 +53,11 @@ class CodePredictor(nn.Module):
         return self.cfg.num_code_groups - 1
 
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        return self.model(embeds, positions, cache)
+        return self.model(self.project(embeds), positions, cache)
+
+    def project(self, embeds: torch.Tensor) -> torch.Tensor:
+        """The inputs to the layers' width (a subclass's predictor may be narrower than its talker)."""
+        return embeds
 
     def embed(self, ids: torch.Tensor, step: int) -> torch.Tensor:
         return self.model.codec_embedding[step](ids)
@@ -64,15 +68,15 @@ class CodePredictor(nn.Module):
         b, dev = talker_hidden.shape[0], talker_hidden.device
         cache = DenseKVCache(len(self.model.layers))
         x = torch.stack((talker_hidden, code0_embed), dim=1)
-        positions = torch.arange(2, device=dev).expand(b, 2)
+        cos, sin = self.model.rope(torch.arange(self.num_steps + 1, device=dev).expand(b, -1), x.dtype)  # all at once
         codes, logits, embed_sum = [], [], torch.zeros_like(code0_embed)
         for step in range(self.num_steps):
-            step_logits = self.lm_head[step](self.forward(x, positions, cache)[:, -1])
+            at = slice(0, 2) if step == 0 else slice(step + 1, step + 2)
+            step_logits = self.lm_head[step](self.model.rotated(self.project(x), cos[:, at], sin[:, at], cache)[:, -1])
             ids = sample(step_logits, step)
             emb = self.embed(ids, step)
             codes.append(ids)
             logits.append(step_logits)
             embed_sum = embed_sum + emb
             x = emb[:, None]
-            positions = torch.full((b, 1), step + 2, device=dev, dtype=torch.long)
         return PredictedCodes(torch.stack(codes, dim=1), embed_sum, torch.stack(logits, dim=1))

@@ -261,7 +261,10 @@ class LayerStack(nn.Module):
     rope: Rope
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        cos, sin = self.rope(positions, x.dtype)
+        return self.rotated(x, *self.rope(positions, x.dtype), cache)
+
+    def rotated(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        """`forward` with the positions' rope tables given."""
         delta = None
         for i, layer in enumerate(self.layers):
             if isinstance(layer, DecoderLayer):

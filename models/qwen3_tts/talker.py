@@ -12,7 +12,7 @@ from torch import nn
 from models.common.code_predictor import CodePredictor
 from models.common.config import CodePredictorConfig
 from models.common.frame import FrameTalker
-from models.common.layers import KVCache, LayerStack, Linear, ResizeMLP, RMSNorm, Rope, text_layer
+from models.common.layers import LayerStack, Linear, ResizeMLP, RMSNorm, Rope, text_layer
 
 from .config import TalkerConfig
 
@@ -25,8 +25,8 @@ class TtsCodePredictor(CodePredictor):
         self.small_to_mtp_projection = (nn.Linear(talker_hidden, cfg.hidden_size) if talker_hidden != cfg.hidden_size
                                         else nn.Identity())
 
-    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        return self.model(self.small_to_mtp_projection(embeds), positions, cache)
+    def project(self, embeds: torch.Tensor) -> torch.Tensor:
+        return self.small_to_mtp_projection(embeds)
 
 
 class TalkerModel(LayerStack):
