@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from models.common import fused
 from models.common.config import CodePredictorConfig
-from models.common.layers import DenseKVCache, KVCache, LayerStack, Linear, RMSNorm, Rope, text_layer
+from models.common.layers import KVCache, LayerStack, Linear, RMSNorm, Rope, attention, text_layer
 
 # sample(logits [B, V], step) -> ids [B]; step 0 chooses codebook 1.
 Sampler = Callable[[torch.Tensor, int], torch.Tensor]
@@ -28,6 +29,26 @@ class PredictedCodes:
     codes: torch.Tensor  # [B, 15] codebooks 1..15
     embed_sum: torch.Tensor  # [B, H] sum of the predictor's embeddings of those 15 codes
     logits: torch.Tensor  # [B, 15, V] the logits each code was chosen from
+
+
+class FrameKVCache:
+    """One frame's keys and values, all its positions preallocated per layer: the new ones are written in place
+    and attended with the rest (on CUDA one kernel, fused.frame_attention_triton, for the copy and attention)."""
+
+    def __init__(self, cfg: CodePredictorConfig, batch: int, like: torch.Tensor) -> None:
+        shape = (cfg.num_hidden_layers, batch, cfg.num_code_groups, cfg.num_key_value_heads, cfg.head_dim)
+        self.k = torch.empty(shape, dtype=like.dtype, device=like.device)
+        self.v = torch.empty(shape, dtype=like.dtype, device=like.device)
+        self.length = [0] * cfg.num_hidden_layers
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        past, t = self.length[layer], k.shape[1]
+        self.length[layer] = past + t
+        kb, vb = self.k[layer], self.v[layer]
+        if fused.frame_attention_usable(q, k, kb):
+            return fused.frame_attention_triton(q, k, v, kb, vb, past, scale)
+        kb[:, past : past + t], vb[:, past : past + t] = k, v
+        return attention(q, kb[:, : past + t], vb[:, : past + t], scale, past)
 
 
 class CodePredictorModel(LayerStack):
@@ -66,7 +87,7 @@ class CodePredictor(nn.Module):
                 sample: Sampler = greedy) -> PredictedCodes:
         """talker_hidden, code0_embed [B, H] -> codebooks 1..15 of the frame."""
         b, dev = talker_hidden.shape[0], talker_hidden.device
-        cache = DenseKVCache(len(self.model.layers))
+        cache = FrameKVCache(self.cfg, b, code0_embed)
         x = torch.stack((talker_hidden, code0_embed), dim=1)
         cos, sin = self.model.rope(torch.arange(self.num_steps + 1, device=dev).expand(b, -1), x.dtype)  # all at once
         codes, logits, embed_sum = [], [], torch.zeros_like(code0_embed)

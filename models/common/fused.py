@@ -1,6 +1,7 @@
 """Fused Triton kernels (one each instead of 5 to 24) for RMSNorm, residual add + RMSNorm, per-head QK
 RMSNorm + rotate-half rope, the codec's SnakeBeta, the MoE router (softmax, top-k, renormalise) and SwiGLU's
-silu(gate) * up, on CUDA tensors at inference; anything else takes the torch path.
+silu(gate) * up, and the code predictor's attention over its frame's few positions, on CUDA tensors at inference;
+anything else takes the torch path.
 
 They round where the torch path rounds (the norm in float32, cast to the dtype, then the weight multiply
 rounded; rope's products and sum each rounded) and with no FMA contraction (`enable_fp_fusion=False`),
@@ -213,4 +214,28 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
     if x2.shape[0] and half:
         K._silu_mul[(x2.shape[0], -(-half // SILU_BLOCK))](x2, out, half, x2.stride(0), BLOCK=SILU_BLOCK, num_warps=4,
                                                            enable_fp_fusion=False, enable_reflect_ftz=False)
+    return out
+
+
+def frame_attention_usable(q: torch.Tensor, k: torch.Tensor, buf: torch.Tensor) -> bool:
+    d = q.shape[-1]
+    return (_use_triton(q, k, buf) and d == _pow2(d) and q.shape[2] % k.shape[2] == 0 and q.stride(-1) == 1
+            and k.stride(-1) == 1 and k.stride(2) == d and q.stride(2) == d and buf.is_contiguous())
+
+
+def frame_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kbuf: torch.Tensor, vbuf: torch.Tensor,
+                           past: int, scale: float) -> torch.Tensor:
+    """k, v [B, T, Hkv, D] stored at positions past.. of kbuf, vbuf [B, P, Hkv, D]; q [B, T, Hq, D] attends
+    causally over positions 0 .. past + T - 1 -> [B, T, Hq, D]."""
+    from . import fused_kernels as K
+
+    b, t, hq, d = q.shape
+    hkv, p = k.shape[2], kbuf.shape[1]
+    if past + t > p or v.stride() != k.stride():
+        raise ValueError(f"frame_attention: {past} + {t} positions in a buffer of {p}, or k and v laid out apart")
+    out = torch.empty(b, t, hq, d, dtype=q.dtype, device=q.device)
+    if b:
+        K._frame_attention[(b, hkv)](q, k, v, kbuf, vbuf, out, past, t, q.stride(0), q.stride(1), k.stride(0),
+                                     k.stride(1), kbuf.stride(0), kbuf.stride(1), out.stride(0), out.stride(1), scale,
+                                     GROUP=hq // hkv, D=d, P=_pow2(p), TQ=_pow2(t), num_warps=4)
     return out

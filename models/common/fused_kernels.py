@@ -138,3 +138,35 @@ def _silu_mul(x_ptr, out_ptr, half, stride, BLOCK: tl.constexpr):
     gf = g.to(tl.float32)
     s = tl.math.div_rn(gf, 1.0 + _expf(-gf)).to(g.dtype)
     tl.store(out_ptr + row * half + i, (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=m)
+
+
+@triton.jit
+def _frame_attention(q_ptr, k_ptr, v_ptr, kb_ptr, vb_ptr, o_ptr, past, t_new, sq_b, sq_t, sk_b, sk_t, sb_b, sb_p,
+                     so_b, so_t, scale, GROUP: tl.constexpr, D: tl.constexpr, P: tl.constexpr, TQ: tl.constexpr):
+    """One row's kv head g: its t_new new keys and values go to the buffers at past.. (kb, vb [B, P, Hkv, D]);
+    each of its GROUP query heads' t_new queries attends causally over the past + t_new positions, the new
+    ones taken from registers (no store-then-load ordering needed), softmax in float32."""
+    b, g = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    pos = tl.arange(0, P)
+    d = tl.arange(0, D)
+    new = (pos >= past) & (pos < past + t_new)
+    old = pos < past
+    in_new = b * sk_b + (pos - past)[:, None] * sk_t + g * D + d[None, :]  # k's and v's layouts are one
+    in_buf = b * sb_b + pos[:, None] * sb_p + g * D + d[None, :]
+    keys = tl.where(new[:, None], tl.load(k_ptr + in_new, mask=new[:, None], other=0.0),
+                    tl.load(kb_ptr + in_buf, mask=old[:, None], other=0.0))
+    vals = tl.where(new[:, None], tl.load(v_ptr + in_new, mask=new[:, None], other=0.0),
+                    tl.load(vb_ptr + in_buf, mask=old[:, None], other=0.0))
+    tl.store(kb_ptr + in_buf, keys, mask=new[:, None])
+    tl.store(vb_ptr + in_buf, vals, mask=new[:, None])
+    kf, vf = keys.to(tl.float32), vals.to(tl.float32)
+    for t in tl.static_range(TQ):
+        if t < t_new:
+            seen = pos <= past + t
+            for h in tl.static_range(GROUP):
+                head = g * GROUP + h
+                q = tl.load(q_ptr + b * sq_b + t * sq_t + head * D + d).to(tl.float32)
+                s = tl.where(seen, tl.sum(kf * q[None, :], axis=1) * scale, float("-inf"))
+                p = tl.exp(s - tl.max(s, axis=0))
+                o = tl.sum(p[:, None] * vf, axis=0) / tl.sum(p, axis=0)
+                tl.store(o_ptr + b * so_b + t * so_t + head * D + d, o.to(keys.dtype))
