@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models.common import fused  # noqa: E402
 from models.common.fused import rms_norm_torch  # noqa: E402
 from models.common.fused import rope_torch as apply_rope  # noqa: E402
-from models.common.layers import RMSNorm, Rope  # noqa: E402
+from models.common.layers import RMSNorm, Rope, attention  # noqa: E402
 
 MODELS = {"thinker": (2048, 32, 4, 1e-6), "talker": (1024, 16, 2, 1e-6), "code_predictor": (1024, 16, 8, 1e-6)}
 D, REPS, PER_GRAPH, BATCHES = 128, 200, 20, (1, 64)
@@ -176,24 +176,46 @@ def route_cases(model: str, hidden: int, experts: int, k: int, norm: bool, info:
     return [at_batch(b) for b in ROUTE_BATCHES]
 
 
+def frame_attention_cases() -> list[dict]:
+    """The code predictor's attention at its last step (15 cached positions and one new), fused against the torch
+    path (the new key and value stored, then SDPA over the buffer)."""
+    dev, dt, hq, hkv, d, p = torch.device("cuda"), torch.bfloat16, 16, 8, D, 16
+
+    def at_batch(b: int) -> dict:
+        kb, vb = torch.randn(b, p, hkv, d, device=dev, dtype=dt), torch.randn(b, p, hkv, d, device=dev, dtype=dt)
+        qkv = torch.randn(b, 1, (hq + 2 * hkv) * d, device=dev, dtype=dt)
+        q, k, v = (t.view(b, 1, -1, d) for t in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
+
+        def eager():
+            kb[:, p - 1 :], vb[:, p - 1 :] = k, v
+            return attention(q, kb, vb, d**-0.5, p - 1)
+
+        return case("frame_attention", "code_predictor", b, {
+            "eager": eager, "fused": lambda: fused.frame_attention_triton(q, k, v, kb, vb, p - 1, d**-0.5)})
+
+    return [at_batch(b) for b in BATCHES]
+
+
 COMPILE = True
 
 
 def main() -> None:
     global COMPILE
     ap = argparse.ArgumentParser()
-    ap.add_argument("--route-only", action="store_true", help="the router's cases alone, without torch.compile")
+    ap.add_argument("--new-only", action="store_true",
+                    help="the router's and the frame attention's cases alone, without torch.compile")
     args = ap.parse_args()
-    COMPILE = not args.route_only
+    COMPILE = not args.new_only
     if not torch.cuda.is_available():
         sys.exit("check_fused.py needs a CUDA device")
     torch.manual_seed(0)
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     info["fused_takes_triton_path"] = fused._use_triton(torch.ones(1, device="cuda"))
     info["triton"] = try_(info, "triton", lambda: __import__("triton").__version__)
-    info["cases"] = [] if args.route_only else [
+    info["cases"] = [] if args.new_only else [
         rec for model, shape in MODELS.items() for rec in model_cases(model, *shape, info)]
     info["cases"] += [rec for model, shape in ROUTERS.items() for rec in route_cases(model, *shape, info)]
+    info["cases"] += frame_attention_cases()
     print(json.dumps(info))
 
 
