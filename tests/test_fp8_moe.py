@@ -66,6 +66,31 @@ def kernel_matches_reference(counts, n, k, split, dtype) -> None:
         assert (err <= want.float().abs() * step + 1e-4 * float(want.float().abs().max())).all(), float(err.max())
 
 
+def dispatch_matches_reference(counts, n, k, split, dtype) -> None:
+    """The same case with the sorted rows gathered from tokens (2 copies each) and scattered to their copies'
+    places times their weights: the kernel against the reference, and the reference against doing it by hand."""
+    x, q, scale, ends, split = make_case(counts, n, k, split, dtype)
+    m = x.shape[0]
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randn(-(-m // 2), k, generator=g).to(dtype)
+    d = fp8_moe.Dispatch(torch.randperm(m, generator=g), 2, torch.rand(m, generator=g).to(dtype))
+    for kind in ("gather", "scatter"):
+        src = tokens if kind == "gather" else x
+        got = fp8_moe.grouped_mm_triton(src, q, scale, ends, split, **{kind: d})
+        want = fp8_moe.grouped_mm_reference(src, q, scale, ends, split, **{kind: d})
+        plain = fp8_moe.grouped_mm_reference(tokens[d.order // 2] if kind == "gather" else x, q, scale, ends, split)
+        if kind == "scatter":
+            by_hand = torch.empty_like(plain)
+            by_hand[d.order] = plain * d.weights[d.order, None]
+            plain = by_hand
+        assert torch.equal(want, plain), kind
+        assert got.shape == want.shape and got.dtype == dtype, kind
+        tol = {torch.float32: 1e-5, torch.bfloat16: 2**-6, torch.float16: 2**-9}[dtype]
+        err = (got.float() - want.float()).abs()
+        bound = want.float().abs() * tol + 1e-4 * float(want.float().abs().max())
+        assert (err <= bound).all(), (kind, float(err.max()))
+
+
 def run_kernel_cases() -> None:
     from triton.runtime.interpreter import InterpretedFunction
 
@@ -75,6 +100,7 @@ def run_kernel_cases() -> None:
     for case in CASES:
         print("case", case, flush=True)
         kernel_matches_reference(*case)
+        dispatch_matches_reference(*case)
     print(f"{len(CASES)} kernel cases passed")
 
 

@@ -10,6 +10,8 @@ device, and a tile past the last expert's rows returns at once: no host sync, CU
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from . import fp8, fused
@@ -25,42 +27,70 @@ def dequantize_split(w: torch.Tensor, scale: torch.Tensor, split: int | None = N
                       fp8.dequantize(w[..., split:, :], scale[..., head:, :], fp8.BLOCK)], -2)
 
 
+@dataclass(frozen=True)
+class Dispatch:
+    """Token copies sorted by expert: sorted row r is copy order[r] of the [N * top_k] copies, of token
+    order[r] // top_k; `weights` [N * top_k] their routing weights, in copy order."""
+
+    order: torch.Tensor
+    top_k: int
+    weights: torch.Tensor
+
+
 def grouped_mm_reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, ends: torch.Tensor,
-                         split: int | None = None) -> torch.Tensor:
-    """One float32 matmul per expert with rows, by its dequantized weight (syncs on `ends`)."""
-    y = torch.zeros(x.shape[0], w.shape[1], dtype=x.dtype, device=x.device)
+                         split: int | None = None, gather: Dispatch | None = None,
+                         scatter: Dispatch | None = None) -> torch.Tensor:
+    """One float32 matmul per expert with rows, by its dequantized weight (syncs on `ends`); with `gather` the
+    sorted rows are read from x's tokens, with `scatter` written to their copies' places, times their weights."""
+    xs = x if gather is None else x[gather.order // gather.top_k]
+    y = torch.zeros(xs.shape[0], w.shape[1], dtype=x.dtype, device=x.device)
     start = 0
     for e, end in enumerate(ends.tolist()):
         if end > start:
-            y[start:end] = (x[start:end].float() @ dequantize_split(w[e], scale[e], split).T).to(x.dtype)
+            y[start:end] = (xs[start:end].float() @ dequantize_split(w[e], scale[e], split).T).to(x.dtype)
         start = end
-    return y
+    if scatter is None:
+        return y
+    out = torch.empty_like(y)
+    out[scatter.order] = y * scatter.weights[scatter.order, None].to(y.dtype)
+    return out
 
 
-def grouped_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, ends: torch.Tensor,
-               split: int | None = None) -> torch.Tensor:
-    return (grouped_mm_triton if x.is_cuda else grouped_mm_reference)(x, w, scale, ends, split)
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, ends: torch.Tensor, split: int | None = None,
+               gather: Dispatch | None = None, scatter: Dispatch | None = None) -> torch.Tensor:
+    return (grouped_mm_triton if x.is_cuda else grouped_mm_reference)(x, w, scale, ends, split, gather, scatter)
 
 
-def experts_swiglu(xs: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor,
-                   s2: torch.Tensor) -> torch.Tensor:
-    """Experts' SwiGLU on rows `xs` sorted by their expert `ids`, gate and up scaled apart."""
+def experts_swiglu(x: torch.Tensor, ids: torch.Tensor, dispatch: Dispatch, w13: torch.Tensor, s13: torch.Tensor,
+                   w2: torch.Tensor, s2: torch.Tensor) -> torch.Tensor:
+    """Experts' SwiGLU of tokens x [N, H] for their copies sorted by expert `ids` -> [N * top_k, H], each copy's
+    output times its weight, in copy order; gate and up scaled apart."""
     ends = torch.searchsorted(ids, torch.arange(w13.shape[0], device=ids.device), right=True, out_int32=True)
-    return grouped_mm(fused.silu_mul(grouped_mm(xs, w13, s13, ends, w13.shape[1] // 2)), w2, s2, ends)
+    h = fused.silu_mul(grouped_mm(x, w13, s13, ends, w13.shape[1] // 2, gather=dispatch))
+    return grouped_mm(h, w2, s2, ends, scatter=dispatch)
 
 
 def grouped_mm_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, ends: torch.Tensor,
-                      split: int | None = None) -> torch.Tensor:
-    (m, k), (e, n, _) = x.shape, w.shape
+                      split: int | None = None, gather: Dispatch | None = None,
+                      scatter: Dispatch | None = None) -> torch.Tensor:
+    (rows, k), (e, n, _) = x.shape, w.shape
     split = n if split is None else split
     if w.shape[2] != k or scale.shape != (e, -(-split // 128) + -(-(n - split) // 128), -(-k // 128)):
         raise ValueError(f"x {tuple(x.shape)}, w {tuple(w.shape)}, scale {tuple(scale.shape)} do not match")
+    if gather is not None and scatter is not None:
+        raise ValueError("grouped_mm: a gather or a scatter, not both")
     from . import fp8_moe_kernel as K  # Triton only on this path (a test may set TRITON_INTERPRET first)
 
+    dispatch = gather or scatter
+    m = rows if gather is None else gather.order.numel()
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     tiles = (m + (TILE_M - 1) * min(e, m)) // TILE_M  # >= the sum over experts of ceil(rows / TILE_M)
     if tiles:
+        order = y if dispatch is None else dispatch.order
+        weights = y if scatter is None else scatter.weights
         K.grouped_kernel[(tiles, -(-n // TILE_N))](
-            x.contiguous(), w.contiguous(), scale.contiguous(), ends, y, n, k, split, -(-split // 128),
-            scale.shape[1], scale.shape[2], e, 1 << (e - 1).bit_length(), TILE_M, TILE_N, TILE_K)
+            x.contiguous(), w.contiguous(), scale.contiguous(), ends, y, order, weights,
+            1 if dispatch is None else dispatch.top_k, n, k, split, -(-split // 128), scale.shape[1], scale.shape[2],
+            e, 1 << (e - 1).bit_length(), TILE_M, TILE_N, TILE_K, GATHER=gather is not None,
+            SCATTER=scatter is not None)
     return y

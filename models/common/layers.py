@@ -164,11 +164,12 @@ class Experts(nn.Module):
         flat = idx.reshape(-1)
         # the same stable order from 16-bit keys: a quarter of the radix passes of int64's
         order = (flat.to(torch.int16) if self.w13.shape[0] <= 1 << 15 else flat).argsort(stable=True)
-        rows = order // k
-        xs = x[rows]
-        if self.w13.dtype == torch.float8_e4m3fn:  # fp8.fp8_experts_
-            ys = fp8_moe.experts_swiglu(xs, flat[order], self.w13, self.w13_scale_inv, self.w2, self.w2_scale_inv)
-        elif self.grouped(x):
+        if self.w13.dtype == torch.float8_e4m3fn:  # fp8.fp8_experts_; the gather and scatter in its kernels
+            by_copy = fp8_moe.experts_swiglu(x, flat[order], fp8_moe.Dispatch(order, k, weights.reshape(-1)), self.w13,
+                                             self.w13_scale_inv, self.w2, self.w2_scale_inv)
+            return by_copy.view(x.shape[0], k, -1).sum(1)
+        xs = x[order // k]
+        if self.grouped(x):
             counts = torch.zeros(self.w13.shape[0], dtype=torch.int32, device=x.device)
             counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))  # bincount syncs; this does not
             ends = counts.cumsum(0, dtype=torch.int32)
