@@ -49,8 +49,8 @@ def event_us(fn, reps: int = REPS) -> float:
     return 1000 * statistics.median(s.elapsed_time(e) for s, e in pairs)
 
 
-def graphed(fn):
-    """A CUDA graph of PER_GRAPH calls of fn; returns (replay, the last call's outputs)."""
+def graphed(fn, per_graph: int = PER_GRAPH):
+    """A CUDA graph of per_graph calls of fn; returns (replay, the last call's outputs)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -59,7 +59,7 @@ def graphed(fn):
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for _ in range(PER_GRAPH):
+        for _ in range(per_graph):
             out = fn()
     g.replay()
     torch.cuda.synchronize()

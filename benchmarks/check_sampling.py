@@ -12,7 +12,6 @@ step (microseconds, median of CUDA events over a CUDA graph of 15 steps, as the 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_pipeline import print_line  # noqa: E402
+from benchmarks.check_fused import event_us, graphed  # noqa: E402
 from pipelines import sampling  # noqa: E402
 from pipelines.sampling import Sampler, SamplingParams  # noqa: E402
 
@@ -31,25 +31,8 @@ STEPS, PER_GRAPH, REPS = 200, 15, 50
 
 def graph_us(fn) -> float:
     """Per call, from a CUDA graph of PER_GRAPH calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(PER_GRAPH):
-            fn()
-    times = []
-    for _ in range(REPS):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3 / PER_GRAPH)
-    return round(statistics.median(times), 2)
+    replay, _ = graphed(fn, PER_GRAPH)
+    return round(event_us(replay, REPS) / PER_GRAPH, 2)
 
 
 def run_case(v: int, params: SamplingParams, b: int) -> dict:

@@ -5,20 +5,14 @@ step's keys and values where the torch path puts them."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from models.common import fused
+from tests.interpreted import run_interpreted
 
 pytestmark = pytest.mark.skipif(not fused.HAVE_TRITON, reason="triton is not installed")
-
-ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent(
     """
@@ -54,11 +48,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_a_frames_steps_attend_and_store_as_the_reference():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    cases = json.loads(proc.stdout.strip().splitlines()[-1])
+    cases = run_interpreted(SCRIPT)
     assert len(cases) == 6
     for dtype, (b, hq, hkv, d, p), worst, stored, shape, out_dtype in cases:
         assert stored, (dtype, b, hq, hkv, d, p)

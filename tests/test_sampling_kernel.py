@@ -8,20 +8,14 @@ measures it on the GPU."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from pipelines import sampling
+from tests.interpreted import run_interpreted
 
 pytestmark = pytest.mark.skipif(not sampling.HAVE_TRITON, reason="triton is not installed")
-
-ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent(
     """
@@ -71,11 +65,7 @@ SCRIPT = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def cases() -> list[list]:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreted(SCRIPT)
 
 
 def test_the_kernel_draws_the_torch_paths_ids(cases: list[list]) -> None:

@@ -4,12 +4,7 @@ not the GPU's, so float32 and float16 are checked here; benchmarks/check_skinny.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,10 +12,9 @@ import torch.nn.functional as F
 
 from models.common import skinny
 from models.common.layers import Linear
+from tests.interpreted import run_interpreted
 
 pytestmark = pytest.mark.skipif(not skinny.HAVE_TRITON, reason="triton is not installed")
-
-ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent(
     """
@@ -43,11 +37,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_the_kernel_matches_float64_in_every_config():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    cases = json.loads(proc.stdout.strip().splitlines()[-1])
+    cases = run_interpreted(SCRIPT)
     assert len(cases) == 2 * 4 * len(skinny.CONFIGS)
     for dtype, (m, n, k), cfg, got_dtype, shape, err in cases:
         assert got_dtype == dtype and shape == [m, n], (dtype, m, n, k, cfg)
