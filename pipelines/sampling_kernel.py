@@ -10,7 +10,7 @@ import triton.language as tl
 def _ordered_key(x):
     """float32 -> uint32 with the floats' order (-inf lowest, NaNs at the ends)."""
     bits = x.to(tl.uint32, bitcast=True)
-    return tl.where((bits >> 31) == 0, bits | 0x80000000, ~bits)
+    return tl.where((bits >> 31) == 0, bits | 0x80000000, bits ^ 0xFFFFFFFF)
 
 
 @triton.jit

@@ -4,7 +4,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["m", "n", "k", "sxm", "swn", "sym", "sys"])  # one compile per block shape
+@triton.jit
 def skinny_mm(x_ptr, w_ptr, y_ptr, m, n, k, sxm, swn, sym, sys,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
     """y[s] = x @ w.T over the k-slices s, s + SPLIT, ... of BLOCK_K: a program streams BLOCK_N rows of w once
@@ -14,8 +14,8 @@ def skinny_mm(x_ptr, w_ptr, y_ptr, m, n, k, sxm, swn, sym, sys,
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k0 in range(pid_s * BLOCK_K, k, BLOCK_K * SPLIT):
-        kk = k0 + rk
+    for k0 in range(0, k, BLOCK_K * SPLIT):
+        kk = k0 + pid_s * BLOCK_K + rk
         xt = tl.load(x_ptr + rm[:, None] * sxm + kk[None, :], mask=(rm[:, None] < m) & (kk[None, :] < k), other=0.0)
         wt = tl.load(w_ptr + rn[:, None] * swn + kk[None, :], mask=(rn[:, None] < n) & (kk[None, :] < k), other=0.0)
         acc += tl.dot(xt, tl.trans(wt))
