@@ -5,8 +5,8 @@ so a row's draw does not depend on its batch. Order as the reference: repetition
 temperature, top-k, top-p. Top-k keeps every logit equal to the k-th (as transformers' warper does), and
 top-p keeps or drops logits of one value together (the mass strictly above a logit decides).
 
-On CUDA, vocabularies up to FUSED_MAX_VOCAB (the codec heads') are sampled by one Triton kernel a step
-(sampling_kernel.py) instead of ~17 torch kernels and a full sort; larger ones (the thinker's) take torch's path.
+On CUDA, vocabularies up to FUSED_MAX_VOCAB are sampled by one Triton kernel a step (sampling_kernel.py) instead
+of ~17 torch kernels and a full sort; larger ones take torch's path.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def _matmul_faster(conv: nn.Conv1d, x: torch.Tensor) -> bool:
     48 rows on the H200, benchmarks/check_code2wav_batch.py --layers), for others it is up to 2x faster: the
     first call of each shape times both and keeps the faster (fastest.py)."""
     key = ("conv", tuple(conv.weight.shape), conv.dilation[0], tuple(x.shape), x.dtype, x.device)
-    return fastest(key, (lambda: conv(x), lambda: conv_matmul(x, conv))) == 1
+    return fastest(key, lambda: (lambda: conv(x), lambda: conv_matmul(x, conv))) == 1
 
 
 class CausalConv(nn.Module):

@@ -9,13 +9,14 @@ import torch
 _CHOICE: dict[Hashable, int] = {}
 
 
-def fastest(key: Hashable, ways: Sequence[Callable[[], torch.Tensor]]) -> int:
-    """The index of the fastest of `ways` for `key`, timed once. While a CUDA graph is being captured an untimed
-    key gets way 0 (timing syncs): the capture's eager warm-up times the shapes it will capture."""
+def fastest(key: Hashable, ways: Callable[[], Sequence[Callable[[], torch.Tensor]]]) -> int:
+    """The index of the fastest of `ways()` for `key`, timed once (the ways are built only then). While a CUDA
+    graph is being captured an untimed key gets way 0 (timing syncs): the capture's eager warm-up times the shapes
+    it will capture."""
     if key not in _CHOICE:
         if torch.cuda.is_current_stream_capturing():
             return 0
-        times = [_time(way) for way in ways]
+        times = [_time(way) for way in ways()]
         _CHOICE[key] = times.index(min(times))
     return _CHOICE[key]
 
