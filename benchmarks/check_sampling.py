@@ -4,8 +4,7 @@ ids) and the code predictor's (2,048 ids: top-k 50, top-p 0.8), bf16 logits.
 
 For each case and batch: the fraction of draws where the kernel's id equals the torch path's (over STEPS steps;
 they may differ only where top-p's cut lands within float rounding of a run's mass), and the time per sampling
-step (microseconds, median of CUDA events over a CUDA graph of 15 steps, as the predictor's frame holds), the
-kernel's for each of DIGITS (`sampling.FUSED_DIGIT`).
+step (microseconds, median of CUDA events over a CUDA graph of 15 steps, as the predictor's frame holds).
 
   python3 benchmarks/check_sampling.py --out $OUT/sampling.json
 """
@@ -27,7 +26,7 @@ from pipelines.sampling import Sampler, SamplingParams  # noqa: E402
 
 CASES = {"talker": (3072, SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.05)),
          "predictor": (2048, SamplingParams(top_k=50, top_p=0.8))}
-STEPS, PER_GRAPH, REPS, DIGITS = 200, 15, 50, (1, 2, 4)
+STEPS, PER_GRAPH, REPS = 200, 15, 50
 
 
 def graph_us(fn) -> float:
@@ -55,13 +54,10 @@ def run_case(v: int, params: SamplingParams, b: int) -> dict:
         total += b
     steps = torch.zeros(b, dtype=torch.long, device=dev)
     out = {"ids_equal": round(equal / total, 5), "draws": total}
-    sampling.FUSED = False
-    out["torch_us"] = graph_us(lambda: s(logits, steps, seen, suppress))
-    sampling.FUSED, default = True, sampling.FUSED_DIGIT
-    for digit in DIGITS:  # the kernel deciding 1, 2 or 4 bits of its cut-offs a round
-        sampling.FUSED_DIGIT = digit
-        out[f"fused_us_digit{digit}"] = graph_us(lambda: s(logits, steps, seen, suppress))
-    sampling.FUSED_DIGIT = default
+    for fused in (False, True):
+        sampling.FUSED = fused
+        out["fused_us" if fused else "torch_us"] = graph_us(lambda: s(logits, steps, seen, suppress))
+    sampling.FUSED = True
     return out
 
 

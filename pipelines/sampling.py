@@ -47,7 +47,6 @@ _MASK32 = 0xFFFFFFFF
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 FUSED = True  # tests and benchmarks switch the kernel off to compare
 FUSED_MAX_VOCAB = 8192
-FUSED_DIGIT = 2  # bits of the cut-off searches' keys decided per round (1, 2 or 4; benchmarks/check_sampling.py)
 
 
 def row_values(params: list[SamplingParams]) -> dict[str, list]:
@@ -159,7 +158,7 @@ class Sampler:
                 logits, logits.stride(0), v, logits if seen is None else seen, 0 if seen is None else seen.stride(0),
                 self.penalty, logits if suppress is None else suppress, 0 if suppress is None else suppress.stride(0),
                 self.greedy, self.temperature, self.top_k, self.top_p, self.seed, step, step.stride(0), out,
-                HAS_SEEN=seen is not None, HAS_SUPPRESS=suppress is not None, BLOCK=block, DIGIT=FUSED_DIGIT,
+                HAS_SEEN=seen is not None, HAS_SUPPRESS=suppress is not None, BLOCK=block,
                 num_warps=min(max(block // 512, 1), 8), enable_fp_fusion=False)
         return out
 

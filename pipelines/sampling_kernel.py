@@ -1,6 +1,6 @@
 """sampling.py's sampler as one Triton kernel, a program per row, imported only on its path (a test may set
-TRITON_INTERPRET first). The row stays in registers; top-k's and top-p's cut-offs are found by a search over the
-logits' order-preserving 32-bit keys, DIGIT bits a round (2**DIGIT masked counts or sums at once), not by a sort."""
+TRITON_INTERPRET first). The row stays in registers; top-k's and top-p's cut-offs are found by a binary
+search over the logits' order-preserving 32-bit keys (32 masked counts or sums each), not by a sort."""
 
 import triton
 import triton.language as tl
@@ -26,7 +26,7 @@ def _gumbel(seed, step, idx):
 @triton.jit
 def sample_rows(logits_ptr, s_logits, n, seen_ptr, s_seen, penalty_ptr, suppress_ptr, s_suppress, greedy_ptr,
                 temperature_ptr, top_k_ptr, top_p_ptr, seed_ptr, step_ptr, s_step, out_ptr,
-                HAS_SEEN: tl.constexpr, HAS_SUPPRESS: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr):
+                HAS_SEEN: tl.constexpr, HAS_SUPPRESS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     inside = cols < n
@@ -44,13 +44,11 @@ def sample_rows(logits_ptr, s_logits, n, seen_ptr, s_seen, penalty_ptr, suppress
         key = _ordered_key(s)
         keep = inside
         k = tl.load(top_k_ptr + row)
-        digits = tl.arange(0, 1 << DIGIT).to(tl.uint32)[:, None]  # a round tries each value of one digit
         if (k > 0) & (k < n):  # the k-th largest key: the largest T with at least k keys >= T
             t = tl.zeros((), tl.uint32)
-            for shift in tl.static_range(32 - DIGIT, -1, -DIGIT):
-                cand = t | (digits << shift)
-                counts = tl.sum(((key[None, :] >= cand) & inside[None, :]).to(tl.int32), axis=1)[:, None]
-                t = t | (tl.sum(((counts >= k) & (digits > 0)).to(tl.uint32), axis=0) << shift)
+            for bit in tl.static_range(31, -1, -1):
+                cand = t | (1 << bit)
+                t = tl.where(tl.sum(((key >= cand) & inside).to(tl.int32), axis=0) >= k, cand, t)
             keep = keep & (key >= t)
         top = tl.max(s, axis=0)
         e = tl.where(keep, tl.exp(s - tl.where(top == float("-inf"), 0.0, top)), 0.0)
@@ -58,10 +56,9 @@ def sample_rows(logits_ptr, s_logits, n, seen_ptr, s_seen, penalty_ptr, suppress
         if top_p < 1.0:  # the largest T whose mass strictly above it is >= top_p; the nucleus is above T
             target = top_p * tl.sum(e, axis=0)
             t = tl.zeros((), tl.uint32)
-            for shift in tl.static_range(32 - DIGIT, -1, -DIGIT):
-                cand = t | (digits << shift)
-                mass = tl.sum(tl.where(key[None, :] > cand, e[None, :], 0.0), axis=1)[:, None]
-                t = t | (tl.sum(((mass >= target) & (digits > 0)).to(tl.uint32), axis=0) << shift)
+            for bit in tl.static_range(31, -1, -1):
+                cand = t | (1 << bit)
+                t = tl.where(tl.sum(tl.where(key > cand, e, 0.0), axis=0) >= target, cand, t)
             keep = keep & (key > t)
         noise = _gumbel(tl.load(seed_ptr + row), tl.load(step_ptr + row * s_step), cols)
         choice = tl.argmax(tl.where(keep, s + noise, float("-inf")), axis=0, tie_break_left=True)
