@@ -7,6 +7,7 @@ from collections.abc import Callable, Hashable, Sequence
 import torch
 
 _CHOICE: dict[Hashable, int] = {}
+CALLS, REPS = 10, 3  # calls a timing graph holds, replays timed
 
 
 def fastest(key: Hashable, ways: Callable[[], Sequence[Callable[[], torch.Tensor]]]) -> int:
@@ -21,12 +22,27 @@ def fastest(key: Hashable, ways: Callable[[], Sequence[Callable[[], torch.Tensor
     return _CHOICE[key]
 
 
-def _time(fn: Callable[[], torch.Tensor], reps: int = 5) -> float:
-    fn()
+def _time(fn: Callable[[], torch.Tensor]) -> float:
+    """GPU milliseconds a call, replayed from a CUDA graph as the steps run: timed eagerly, a few-microsecond
+    kernel measures its launch (a Triton launch costs more host time than cuBLAS's), not its work. Captured on a
+    stream of its own, without torch.cuda.graph's device-wide sync: other stages' streams may be running."""
+    fn()  # compiles and allocates outside the capture
+    here, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    side.wait_stream(here)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):
+        graph.capture_begin(capture_error_mode="thread_local")
+        try:
+            for _ in range(CALLS):
+                fn()
+        finally:
+            graph.capture_end()
+    here.wait_stream(side)
+    graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(reps):
-        fn()
+    for _ in range(REPS):
+        graph.replay()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end)
+    return start.elapsed_time(end) / (CALLS * REPS)

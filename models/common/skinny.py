@@ -16,7 +16,7 @@ from .fastest import fastest
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 ENABLED = True
 MAX_ROWS = 64
-CONFIGS = ((32, 128, 1), (64, 128, 1), (32, 128, 4), (16, 256, 1))  # (BLOCK_N, BLOCK_K, SPLIT)
+CONFIGS = ((32, 128, 1), (64, 128, 1), (32, 128, 4))  # (BLOCK_N, BLOCK_K, SPLIT); (16, 256, 1) never won by 0.1 us
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
