@@ -1,7 +1,7 @@
 """fused.frame_attention_triton (the code predictor's per-frame attention, models/common/code_predictor.py's
 FrameKVCache on CUDA) against float64 attention, on CPU under Triton's interpreter in a subprocess: a frame's 15
-steps (2 positions, then 1 each) with grouped heads, q, k, v as views of a fused qkv; the buffers must hold every
-step's keys and values where the torch path puts them."""
+steps (2 positions, then 1 each) with grouped heads, q, k, v as views of a fused qkv or, as served, q and k
+copies beside v's view; the buffers must hold every step's keys and values where the torch path puts them."""
 
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ SCRIPT = textwrap.dedent(
                 qkv = torch.randn(b, t, (hq + 2 * hkv) * d).to(dtype)
                 q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
                 q, k, v = q.view(b, t, hq, d), k.view(b, t, hkv, d), v.view(b, t, hkv, d)
+                if step % 2:  # q and k normed and rotated into tensors of their own, v still a view (as served)
+                    q, k = q.contiguous(), k.contiguous()
                 got = fused.frame_attention_triton(q, k, v, kb, vb, past, d**-0.5)
                 keys.append(k), vals.append(v)
                 kk, vv = torch.cat(keys, 1).double(), torch.cat(vals, 1).double()

@@ -220,7 +220,7 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
 def frame_attention_usable(q: torch.Tensor, k: torch.Tensor, buf: torch.Tensor) -> bool:
     d = q.shape[-1]
     return (_use_triton(q, k, buf) and d == _pow2(d) and q.shape[2] % k.shape[2] == 0 and q.stride(-1) == 1
-            and k.stride(-1) == 1 and k.stride(2) == d and q.stride(2) == d and buf.is_contiguous())
+            and all(x.stride(-1) == 1 and x.stride(2) == d for x in (q, k)) and buf.is_contiguous())
 
 
 def frame_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kbuf: torch.Tensor, vbuf: torch.Tensor,
@@ -231,11 +231,12 @@ def frame_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kb
 
     b, t, hq, d = q.shape
     hkv, p = k.shape[2], kbuf.shape[1]
-    if past + t > p or v.stride() != k.stride():
-        raise ValueError(f"frame_attention: {past} + {t} positions in a buffer of {p}, or k and v laid out apart")
+    if past + t > p or v.stride(-1) != 1 or v.stride(2) != d:
+        raise ValueError(f"frame_attention: {past} + {t} positions in a buffer of {p}, or v's heads not packed")
     out = torch.empty(b, t, hq, d, dtype=q.dtype, device=q.device)
     if b:
         K._frame_attention[(b, hkv)](q, k, v, kbuf, vbuf, out, past, t, q.stride(0), q.stride(1), k.stride(0),
-                                     k.stride(1), kbuf.stride(0), kbuf.stride(1), out.stride(0), out.stride(1), scale,
+                                     k.stride(1), v.stride(0), v.stride(1), kbuf.stride(0), kbuf.stride(1),
+                                     out.stride(0), out.stride(1), scale,
                                      GROUP=hq // hkv, D=d, P=_pow2(p), TQ=_pow2(t), num_warps=4)
     return out

@@ -141,8 +141,9 @@ def _silu_mul(x_ptr, out_ptr, half, stride, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _frame_attention(q_ptr, k_ptr, v_ptr, kb_ptr, vb_ptr, o_ptr, past, t_new, sq_b, sq_t, sk_b, sk_t, sb_b, sb_p,
-                     so_b, so_t, scale, GROUP: tl.constexpr, D: tl.constexpr, P: tl.constexpr, TQ: tl.constexpr):
+def _frame_attention(q_ptr, k_ptr, v_ptr, kb_ptr, vb_ptr, o_ptr, past, t_new, sq_b, sq_t, sk_b, sk_t, sv_b, sv_t,
+                     sb_b, sb_p, so_b, so_t, scale,
+                     GROUP: tl.constexpr, D: tl.constexpr, P: tl.constexpr, TQ: tl.constexpr):
     """One row's kv head g: its t_new new keys and values go to the buffers at past.. (kb, vb [B, P, Hkv, D]);
     each of its GROUP query heads' t_new queries attends causally over the past + t_new positions, the new
     ones taken from registers (no store-then-load ordering needed), softmax in float32."""
@@ -151,11 +152,12 @@ def _frame_attention(q_ptr, k_ptr, v_ptr, kb_ptr, vb_ptr, o_ptr, past, t_new, sq
     d = tl.arange(0, D)
     new = (pos >= past) & (pos < past + t_new)
     old = pos < past
-    in_new = b * sk_b + (pos - past)[:, None] * sk_t + g * D + d[None, :]  # k's and v's layouts are one
+    k_new = b * sk_b + (pos - past)[:, None] * sk_t + g * D + d[None, :]
+    v_new = b * sv_b + (pos - past)[:, None] * sv_t + g * D + d[None, :]
     in_buf = b * sb_b + pos[:, None] * sb_p + g * D + d[None, :]
-    keys = tl.where(new[:, None], tl.load(k_ptr + in_new, mask=new[:, None], other=0.0),
+    keys = tl.where(new[:, None], tl.load(k_ptr + k_new, mask=new[:, None], other=0.0),
                     tl.load(kb_ptr + in_buf, mask=old[:, None], other=0.0))
-    vals = tl.where(new[:, None], tl.load(v_ptr + in_new, mask=new[:, None], other=0.0),
+    vals = tl.where(new[:, None], tl.load(v_ptr + v_new, mask=new[:, None], other=0.0),
                     tl.load(vb_ptr + in_buf, mask=old[:, None], other=0.0))
     tl.store(kb_ptr + in_buf, keys, mask=new[:, None])
     tl.store(vb_ptr + in_buf, vals, mask=new[:, None])
