@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .fastest import warming_up
+
 log = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
@@ -73,7 +75,8 @@ class GraphRunner:
             with torch.cuda.stream(stream):
                 self._pad(0, b)
                 views = self.views(b)
-                self.step(views)  # warm-up: lazy initialisation and compilation stay out of the graph
+                with warming_up():  # lazy initialisation, compilation and choosing ways stay out of the graph
+                    self.step(views)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=stream):
                 out = self.step(views)

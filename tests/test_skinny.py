@@ -5,6 +5,7 @@ not the GPU's, so float32 and float16 are checked here; benchmarks/check_skinny.
 from __future__ import annotations
 
 import textwrap
+import threading
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 
 from models.common import skinny
 from models.common.layers import Linear
+from pipelines import fastest
 from tests.interpreted import run_interpreted
 
 pytestmark = pytest.mark.skipif(not skinny.HAVE_TRITON, reason="triton is not installed")
@@ -51,3 +53,25 @@ def test_off_cuda_the_layer_is_f_linear():
     with torch.inference_mode():
         assert not skinny.usable(x, layer.weight)
         assert torch.equal(layer(x), F.linear(x, layer.weight))
+
+
+def test_an_untimed_shape_outside_a_warm_up_takes_the_first_way_untimed():
+    """A live step never stops to time ways (or compile the kernels they launch): only a graph runner's warm-up,
+    `fastest.warming_up()`, times; the flag is per thread and restored on leaving, nested or not."""
+    built = []
+
+    def ways():
+        built.append(1)
+        return [lambda: torch.zeros(1)]
+
+    assert fastest.fastest(("test", "untimed"), ways) == 0
+    assert not built and ("test", "untimed") not in fastest._CHOICE
+    with fastest.warming_up():
+        with fastest.warming_up():
+            assert fastest._LOCAL.on
+        assert fastest._LOCAL.on
+        seen = []
+        other = threading.Thread(target=lambda: seen.append(getattr(fastest._LOCAL, "on", False)))
+        other.start(), other.join()
+        assert seen == [False]
+    assert not fastest._LOCAL.on

@@ -18,8 +18,8 @@ from torch import nn
 
 from models.common import fused
 from models.common.config import Code2WavConfig
-from models.common.fastest import fastest
 from models.common.layers import DenseKVCache, KVCache, LayerStack, RMSNorm, Rope, SelfAttention, SwiGLU
+from pipelines.fastest import fastest
 
 
 def _joined(x: torch.Tensor, left: torch.Tensor | None, context: int) -> torch.Tensor:
@@ -41,8 +41,8 @@ def conv_matmul(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
 
 def _matmul_faster(conv: nn.Conv1d, x: torch.Tensor) -> bool:
     """For some dilated convs cuDNN picks a kernel 6-12x slower than conv_matmul (0.9 ms against 0.07-0.14 ms at
-    48 rows on the H200, benchmarks/check_code2wav_batch.py --layers), for others it is up to 2x faster: the
-    first call of each shape times both and keeps the faster (fastest.py)."""
+    48 rows on the H200, benchmarks/check_code2wav_batch.py --layers), for others it is up to 2x faster: a graph
+    runner's warm-up times both per shape and keeps the faster (pipelines/fastest.py); untimed shapes take cuDNN."""
     key = ("conv", tuple(conv.weight.shape), conv.dilation[0], tuple(x.shape), x.dtype, x.device)
     return fastest(key, lambda: (lambda: conv(x), lambda: conv_matmul(x, conv))) == 1
 

@@ -1,8 +1,9 @@
 """x @ w.T for a few rows of x (decode: up to MAX_ROWS), where cuBLAS reads the weight at a fraction of the
 card's bandwidth (the code predictor's 1024 x 6144 projection: 10.3 us at one row on the H200, 1.2 TB/s).
 A Triton kernel streams each weight row once for all of x's rows, split over the output (and, for few outputs,
-the reduction, summed in order by a second kernel: deterministic). On CUDA each shape's first call times cuBLAS
-and the kernel's CONFIGS and keeps the fastest (fastest.py), so nothing gets slower than cuBLAS."""
+the reduction, summed in order by a second kernel: deterministic). On CUDA a graph runner's warm-up times cuBLAS
+and the kernel's CONFIGS per shape and keeps the fastest (pipelines/fastest.py): no captured step gets slower than
+cuBLAS, and an eager step's untimed shape stays on cuBLAS."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import importlib.util
 import torch
 import torch.nn.functional as F
 
-from .fastest import fastest
+from pipelines.fastest import fastest
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 ENABLED = True

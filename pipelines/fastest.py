@@ -1,21 +1,36 @@
-"""Per shape, the fastest of several ways to compute the same thing on CUDA, timed at the shape's first call."""
+"""Per shape, the fastest of several ways to compute the same thing on CUDA, timed in a graph runner's warm-up.
+
+A shape is timed only within `warming_up()` (graphs.GraphRunner.capture's eager step before each capture), so
+every captured step runs its shapes' fastest ways. Anywhere else an untimed shape takes way 0 at once: timing it,
+and compiling the kernels its ways launch (0.3-2 s each with Triton 3.6), would stop a live engine's step."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+import threading
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
 _CHOICE: dict[Hashable, int] = {}
+_LOCAL = threading.local()
 CALLS, REPS = 10, 3  # calls a timing graph holds, replays timed
 
 
+@contextmanager
+def warming_up() -> Iterator[None]:
+    """Within: an untimed shape is timed (on CUDA, outside a capture)."""
+    before, _LOCAL.on = getattr(_LOCAL, "on", False), True
+    try:
+        yield
+    finally:
+        _LOCAL.on = before
+
+
 def fastest(key: Hashable, ways: Callable[[], Sequence[Callable[[], torch.Tensor]]]) -> int:
-    """The index of the fastest of `ways()` for `key`, timed once (the ways are built only then). While a CUDA
-    graph is being captured an untimed key gets way 0 (timing syncs): the capture's eager warm-up times the shapes
-    it will capture."""
+    """The index of the fastest of `ways()` for `key` once timed (the ways are built only then), else 0."""
     if key not in _CHOICE:
-        if torch.cuda.is_current_stream_capturing():
+        if not getattr(_LOCAL, "on", False) or torch.cuda.is_current_stream_capturing():
             return 0
         times = [_time(way) for way in ways()]
         _CHOICE[key] = times.index(min(times))

@@ -1,0 +1,85 @@
+"""GPU check: the decode-sized forwards with every Triton path on (as served) against the same model with them
+off (fused.ENABLED, skinny.ENABLED, fp8_moe's reference grouped matmul), full size, random weights, fp8 experts.
+
+For the thinker's and the talker's text stacks (rows x tokens: decode-like, each row its own sequence) and the code
+predictor's 15 steps (greedy, through FrameKVCache): the logits' relative error, top-1 agreement, non-finite
+values on each path, and the predictor's codes equal. One JSON line.
+
+  python3 benchmarks/check_kernels.py --out $OUT/kernels.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_pipeline import print_line  # noqa: E402
+from models.common import fp8_moe, fused, skinny  # noqa: E402
+from models.qwen3_omni.config import OmniConfig  # noqa: E402
+from models.qwen3_omni.model import random_model  # noqa: E402
+from models.qwen3_omni.tiny import FULL_CONFIG, tiny_config  # noqa: E402
+
+GROUPED_MM = fp8_moe.grouped_mm
+
+
+def kernels(on: bool) -> None:
+    fused.ENABLED = skinny.ENABLED = on
+    fp8_moe.grouped_mm = GROUPED_MM if on else fp8_moe.grouped_mm_reference
+
+
+def forwards(model, ids: torch.Tensor, codes: torch.Tensor) -> dict[str, torch.Tensor]:
+    b, t = ids.shape
+    pos = torch.arange(t, device=ids.device)[None].expand(b, t)
+    h, _ = model.thinker(model.thinker.embed(ids), pos)
+    talker = model.talker
+    th = talker(talker.embed_codec(codes), pos, None)
+    pred = talker.code_predictor.predict(th[:, -1], talker.embed_codec(codes[:, -1]))
+    return {"thinker": model.thinker.logits(h).float(), "talker": talker.codec_logits(th).float(),
+            "predictor": pred.logits.float(), "predictor_codes": pred.codes}
+
+
+def compare(ref: torch.Tensor, got: torch.Tensor) -> dict:
+    fin = torch.isfinite(ref).all(-1) & torch.isfinite(got).all(-1)
+    r, g = ref[fin], got[fin]
+    return {"rel_err": round(float((g - r).norm() / r.norm()), 5) if fin.any() else None,
+            "top1_agree": round(float((r.argmax(-1) == g.argmax(-1)).float().mean()), 4) if fin.any() else None,
+            "nonfinite_ref": int((~torch.isfinite(ref)).sum()), "nonfinite_got": int((~torch.isfinite(got)).sum())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="1x1,48x1,64x1,1x16,2x32", help="rows x tokens")
+    ap.add_argument("--tiny", action="store_true", help="the tiny config on CPU (the script's own smoke test)")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    cfg = OmniConfig.from_hf(tiny_config("a") if args.tiny else json.loads(FULL_CONFIG.read_text()))
+    dev, dtype = ("cpu", torch.float32) if args.tiny else ("cuda", torch.bfloat16)
+    torch.manual_seed(0)
+    model = random_model(cfg, dev, dtype, quantization="fp8")
+    res: dict = {"device": "cpu" if args.tiny else torch.cuda.get_device_name(), "torch": torch.__version__}
+    g = torch.Generator(device="cpu").manual_seed(1)
+    with torch.inference_mode():
+        for shape in args.shapes.split(","):
+            b, t = (int(x) for x in shape.split("x"))
+            ids = torch.randint(0, cfg.thinker.text.vocab_size, (b, t), generator=g).to(dev)
+            codes = torch.randint(0, cfg.talker.code_predictor.vocab_size, (b, t), generator=g).to(dev)
+            kernels(False)
+            ref = forwards(model, ids, codes)
+            kernels(True)
+            got = forwards(model, ids, codes)
+            row = {k: compare(ref[k], got[k]) for k in ("thinker", "talker", "predictor")}
+            row["predictor_codes_equal"] = round(float((ref["predictor_codes"] == got["predictor_codes"]).float()
+                                                       .mean()), 4)
+            res[shape] = row
+            print(shape, row, file=sys.stderr, flush=True)
+    print_line(res, args.out)
+
+
+if __name__ == "__main__":
+    main()
