@@ -54,7 +54,7 @@ def compare(ref: torch.Tensor, got: torch.Tensor) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default="1x1,48x1,64x1,1x16,2x32", help="rows x tokens")
+    ap.add_argument("--shapes", default="1x1,64x1,2x16", help="rows x tokens")
     ap.add_argument("--tiny", action="store_true", help="the tiny config on CPU (the script's own smoke test)")
     ap.add_argument("--out")
     args = ap.parse_args()
