@@ -2,8 +2,9 @@
 off (fused.ENABLED, skinny.ENABLED, fp8_moe's reference grouped matmul), full size, random weights, fp8 experts.
 
 For the thinker's and the talker's text stacks (rows x tokens: decode-like, each row its own sequence) and the code
-predictor's 15 steps (greedy, through FrameKVCache): the logits' relative error, top-1 agreement, non-finite
-values on each path, and the predictor's codes equal. One JSON line.
+predictor's 15 steps through FrameKVCache (given the off path's talker state and teacher-forced with its greedy
+codes, so each part sees the same inputs on both paths): the logits' relative error, top-1 agreement (also where
+the off path's top two differ by more than 0.1) and non-finite values on each path. One JSON line.
 
   python3 benchmarks/check_kernels.py --out $OUT/kernels.json
 """
@@ -21,9 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_pipeline import print_line  # noqa: E402
 from models.common import fp8_moe, fused, skinny  # noqa: E402
+from models.common.code_predictor import greedy  # noqa: E402
 from models.qwen3_omni.config import OmniConfig  # noqa: E402
 from models.qwen3_omni.model import random_model  # noqa: E402
 from models.qwen3_omni.tiny import FULL_CONFIG, tiny_config  # noqa: E402
+from pipelines import fastest  # noqa: E402
 
 GROUPED_MM = fp8_moe.grouped_mm
 
@@ -33,22 +36,33 @@ def kernels(on: bool) -> None:
     fp8_moe.grouped_mm = GROUPED_MM if on else fp8_moe.grouped_mm_reference
 
 
-def forwards(model, ids: torch.Tensor, codes: torch.Tensor) -> dict[str, torch.Tensor]:
+def forwards(model, ids: torch.Tensor, codes: torch.Tensor, ref: dict | None = None) -> dict[str, torch.Tensor]:
+    """Logits of each part; with `ref` (the other path's results) the code predictor gets ref's talker state and
+    is teacher-forced with ref's codes, so every part sees the same inputs on both paths."""
     b, t = ids.shape
     pos = torch.arange(t, device=ids.device)[None].expand(b, t)
     h, _ = model.thinker(model.thinker.embed(ids), pos)
     talker = model.talker
     th = talker(talker.embed_codec(codes), pos, None)
-    pred = talker.code_predictor.predict(th[:, -1], talker.embed_codec(codes[:, -1]))
+    hidden = th[:, -1] if ref is None else ref["talker_hidden"]
+    forced = None if ref is None else ref["predictor_codes"]
+    pred = talker.code_predictor.predict(hidden, talker.embed_codec(codes[:, -1]),
+                                         greedy if forced is None else lambda lg, i: forced[:, i])
     return {"thinker": model.thinker.logits(h).float(), "talker": talker.codec_logits(th).float(),
-            "predictor": pred.logits.float(), "predictor_codes": pred.codes}
+            "talker_hidden": hidden, "predictor": pred.logits.float(), "predictor_codes": pred.codes}
 
 
 def compare(ref: torch.Tensor, got: torch.Tensor) -> dict:
     fin = torch.isfinite(ref).all(-1) & torch.isfinite(got).all(-1)
     r, g = ref[fin], got[fin]
-    return {"rel_err": round(float((g - r).norm() / r.norm()), 5) if fin.any() else None,
-            "top1_agree": round(float((r.argmax(-1) == g.argmax(-1)).float().mean()), 4) if fin.any() else None,
+    if not fin.any():
+        return {"nonfinite_ref": int((~torch.isfinite(ref)).sum()), "nonfinite_got": int((~torch.isfinite(got)).sum())}
+    top2 = r.topk(2, dim=-1).values
+    sure = (top2[..., 0] - top2[..., 1]) > 0.1
+    agree = r.argmax(-1) == g.argmax(-1)
+    return {"rel_err": round(float((g - r).norm() / r.norm()), 5), "top1_agree": round(float(agree.float().mean()), 4),
+            "top1_agree_margin_gt_0.1": round(float(agree[sure].float().mean()), 4) if sure.any() else None,
+            "margin_gt_0.1": int(sure.sum()), "positions": int(agree.numel()),
             "nonfinite_ref": int((~torch.isfinite(ref)).sum()), "nonfinite_got": int((~torch.isfinite(got)).sum())}
 
 
@@ -72,10 +86,9 @@ def main() -> None:
             kernels(False)
             ref = forwards(model, ids, codes)
             kernels(True)
-            got = forwards(model, ids, codes)
+            with fastest.warming_up():  # skinny.py's picks, timed as a graph runner's warm-up times them
+                got = forwards(model, ids, codes, ref)
             row = {k: compare(ref[k], got[k]) for k in ("thinker", "talker", "predictor")}
-            row["predictor_codes_equal"] = round(float((ref["predictor_codes"] == got["predictor_codes"]).float()
-                                                       .mean()), 4)
             res[shape] = row
             print(shape, row, file=sys.stderr, flush=True)
     print_line(res, args.out)
