@@ -225,10 +225,19 @@ def summary(results: list[Result], args: argparse.Namespace) -> dict:
     out.update(underrun_sessions=sum(1 for r in results if r.player.underruns),
                underrun_events=sum(r.player.underruns for r in results),
                underrun_ms=round(sum(r.player.starved_s for r in results) * 1e3, 1),
-               short_replies=sum(1 for r in ok if r.text_tokens < args.text_tokens or r.frames < args.frames),
+               **short_replies(ok, args),
                append_late_ms_max=round(max(r.append_late_ms for r in results), 1))
     out.update(_gpu(args))
     return out
+
+
+def short_replies(ok: list[Result], args: argparse.Namespace) -> dict:
+    """Replies that ended before the server's limits (EOS on random weights): in all, by which limit they fell
+    short of, and the short ones' codec frames (median)."""
+    short = [r for r in ok if r.text_tokens < args.text_tokens or r.frames < args.frames]
+    return {"short_replies": len(short), "short_text": sum(1 for r in short if r.text_tokens < args.text_tokens),
+            "short_frames": sum(1 for r in short if r.frames < args.frames),
+            "short_frames_median": statistics.median(r.frames for r in short) if short else None}
 
 
 def conversation_summary(sessions: list[list[Result]], args: argparse.Namespace) -> dict:
@@ -252,7 +261,7 @@ def conversation_summary(sessions: list[list[Result]], args: argparse.Namespace)
     out.update(underrun_turns=sum(1 for r in turns if r.player.underruns),
                underrun_events=sum(r.player.underruns for r in turns), audio_s=round(audio_s, 2),
                starved_s=round(starved_s, 2), starved_fraction=round(starved_s / audio_s, 4) if audio_s else None,
-               short_replies=sum(1 for r in ok if r.text_tokens < args.text_tokens or r.frames < args.frames),
+               **short_replies(ok, args),
                append_late_ms_max=round(max((r.append_late_ms for r in turns), default=0.0), 1))
     gaps = [b.asked_at - max(a.player.dry_at, a.done_at) for s in sessions for a, b in itertools.pairwise(s)]
     if gaps:  # the reply's end (playback and response.done) -> the next question: --pause-s unless the client lags

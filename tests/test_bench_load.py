@@ -6,15 +6,18 @@ stdout and stderr."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from benchmarks import bench_load
 from benchmarks.bench_load import EAGER_S, SEAL, START_BUFFER_S, Player, main
 from benchmarks.gpu_trace import STEP_GAP_NS, Kernel, idle_gaps_ns, steps_ns, summarize, union_ns
 from models.qwen3_omni.audio_stream import AudioStream
@@ -62,7 +65,8 @@ def test_conversations_of_two_turns_through_the_real_server(tmp_path: Path, caps
         assert math.isfinite(line[key]) and line[key] > 0, key
     assert line["ttfa_ms_p50"] <= line["ttfa_ms_p95"]
     assert line["first_turn_ttfa_ms_p50"] <= line["first_turn_ttfa_ms_p95"]
-    assert line["short_replies"] == 0
+    short = ("short_replies", "short_text", "short_frames", "short_frames_median")
+    assert [line[k] for k in short] == [0, 0, 0, None]
     assert 0.2 <= line["pause_s_min"] <= line["pause_s_max"] < 0.5  # after each reply's playback ends
     assert 0 < line["audio_s"] <= 4 * 6 * 0.08 + 0.01  # four replies, each within the server's max_frames limit
     assert 0 <= line["underrun_turns"] <= 4 and line["underrun_events"] >= line["underrun_turns"]
@@ -171,3 +175,10 @@ def test_gpu_trace_names_streams_by_their_marks_and_measures_busy_and_idle_time(
     assert union_ns([(0, 2), (1, 3), (5, 6)]) == 4 and idle_gaps_ns([(0, 2), (1, 3), (5, 6)]) == [2]
     assert steps_ns([(0, 10), (11, 20), (20 + STEP_GAP_NS + 1, 20 + STEP_GAP_NS + 5)]) == [
         (0, 20), (20 + STEP_GAP_NS + 1, 20 + STEP_GAP_NS + 5)]
+
+
+def test_short_replies_say_which_limit_they_fell_short_of():
+    args = argparse.Namespace(text_tokens=16, frames=75)
+    replies = [SimpleNamespace(text_tokens=t, frames=f) for t, f in ((16, 75), (16, 13), (9, 75), (4, 30), (16, 40))]
+    assert bench_load.short_replies(replies, args) == {"short_replies": 4, "short_text": 2, "short_frames": 3,
+                                                       "short_frames_median": 35.0}
