@@ -59,6 +59,7 @@ from aiohttp import web
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_pipeline import random_program, speech_like  # noqa: E402
+from models.common.fused import use_triton  # noqa: E402
 from models.common.gpu_memory import cap  # noqa: E402
 from models.qwen3_omni.audio_stream import AudioStream  # noqa: E402
 from pipelines.admission import FED_S, SETTLE_S  # noqa: E402
@@ -538,6 +539,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--quantization", choices=["fp8"], help="fp8: the MoE experts kept in fp8 (serve's flag)")
     ap.add_argument("--gpu-memory-gib", type=float, help="serve --gpu-memory-gib: the process takes at most this "
                     "much of the GPU, and the KV caches what it leaves")
+    ap.add_argument("--no-triton", action="store_true", help="serve --no-triton: torch's kernels, not ours")
     ap.add_argument("--no-overlap", action="store_true",
                     help="the thinker's decode runs before the talker's, not beside it (StageConfig.overlap off)")
     ap.add_argument("--gil-switch-ms", type=_floats, default=[ServerConfig.gil_switch_ms],
@@ -623,6 +625,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                      thinker={"overlap": not args.no_overlap}, talker=streams, code2wav=streams)
     header["stream_batch"] = program.by_name["code2wav"].cfg.max_batch if "code2wav" in program.by_name else None
     header["thinker_overlap"] = not args.no_overlap
+    header["triton"] = not args.no_triton
     header["voice_model"] = "tiny-tts" if args.voice_model and tiny else args.voice_model or "qwen3-omni talker"
     header["play_ahead_s"] = args.play_ahead_s
     header["encode_ahead"] = not args.no_encode_ahead
@@ -632,12 +635,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     threads, switch_s = torch.get_num_threads(), sys.getswitchinterval()
     torch.set_num_threads(args.threads)
     header["threads"] = args.threads
+    use_triton(not args.no_triton)  # read at each forward: the captures at the pipeline's start take it
     try:
         with Pipeline(program) as pipeline:
             pipeline.play_ahead_s = args.play_ahead_s
             lines = asyncio.run(run_levels(pipeline, args, levels, header))
     finally:
         AudioStream.seal = SEAL  # --seal 0 switched it off for this process's server only
+        use_triton(True)
         InputStream.EAGER_S = EAGER_S
         torch.set_num_threads(threads)
         sys.setswitchinterval(switch_s)

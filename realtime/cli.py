@@ -58,6 +58,8 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
                    "at load to e4m3 with 128x128 block scales (default: none, the weights as stored)")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="run every step eagerly on CUDA (default: capture the fixed-shape steps at start)")
+    p.add_argument("--no-triton", action="store_true", help="run the steps on torch's kernels, not ours (Triton): "
+                   "to compare, or to route around a misbehaving kernel (default: ours on CUDA)")
     p.add_argument("--kv-cache-gib", type=float, default=None,
                    help="GiB for the model's KV caches on CUDA (default: what is free after the "
                         "weights, within --gpu-memory-gib, less 12 GiB)")
@@ -147,7 +149,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def build(args: argparse.Namespace):
+    from models.common.fused import use_triton
     from models.registry import build_pipeline
+
+    use_triton(not args.no_triton)
 
     return build_pipeline(args.model, args.device or default_device(), args.dtype,
                           graphs=False if args.no_cuda_graphs else None, kv_memory_gib=args.kv_cache_gib,

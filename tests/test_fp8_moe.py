@@ -21,11 +21,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from models import registry  # noqa: E402
-from models.common import fp8, fp8_moe  # noqa: E402
+from models.common import fp8, fp8_moe, fused, skinny  # noqa: E402
 from models.common.layers import MoE  # noqa: E402
 from models.qwen3_omni.model import load_model  # noqa: E402
 from models.qwen3_omni.placement import PipelineConfig  # noqa: E402
 from models.qwen3_omni.program import build_pipeline  # noqa: E402
+from pipelines import sampling  # noqa: E402
 from pipelines.types import GenerationOptions, Message, Turn, TurnDone  # noqa: E402
 
 # (rows per expert, N, K, split, dtype): experts without rows (first, middle, last), one with more rows than a
@@ -199,3 +200,25 @@ def test_a_quantized_turn_equals_the_dequantized_twins():
 
 if __name__ == "__main__":
     run_kernel_cases()
+
+
+def test_no_triton_gathers_and_scatters_with_torch_ops_to_the_same_result():
+    """`--no-triton` (fused.use_triton(False)) turns every kernel switch off, the fp8 experts' gather and scatter
+    among them: torch's indexing then feeds and places the grouped matmul's rows, with the same result."""
+    model = load_model("tiny", dtype=torch.float32)
+    fp8.fp8_experts_(model)
+    layers = [m for m in model.modules() if isinstance(m, MoE)]
+    g = torch.Generator().manual_seed(2)
+    xs = [torch.randn(3, 4, m.gate.in_features, generator=g) for m in layers]
+    with torch.no_grad():
+        inside = [m(x) for m, x in zip(layers, xs, strict=True)]
+        fused.use_triton(False)
+        try:
+            assert not (fused.ENABLED or skinny.ENABLED or sampling.FUSED or fp8_moe.DISPATCH)
+            apart = [m(x) for m, x in zip(layers, xs, strict=True)]
+        finally:
+            fused.use_triton(True)
+    assert fused.ENABLED and skinny.ENABLED and sampling.FUSED and fp8_moe.DISPATCH
+    for a, b in zip(inside, apart, strict=True):
+        assert not torch.equal(a, torch.zeros_like(a))
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)

@@ -17,6 +17,7 @@ import torch
 from . import fp8, fused
 
 TILE_M, TILE_N, TILE_K = 16, 64, 128
+DISPATCH = True  # the gather and scatter inside the grouped kernels (False: torch ops around them)
 
 
 def dequantize_split(w: torch.Tensor, scale: torch.Tensor, split: int | None = None) -> torch.Tensor:
@@ -66,6 +67,12 @@ def experts_swiglu(x: torch.Tensor, ids: torch.Tensor, dispatch: Dispatch, w13: 
     """Experts' SwiGLU of tokens x [N, H] for their copies sorted by expert `ids` -> [N * top_k, H], each copy's
     output times its weight, in copy order; gate and up scaled apart."""
     ends = torch.searchsorted(ids, torch.arange(w13.shape[0], device=ids.device), right=True, out_int32=True)
+    if not DISPATCH:
+        xs = x[dispatch.order // dispatch.top_k]
+        ys = grouped_mm(fused.silu_mul(grouped_mm(xs, w13, s13, ends, w13.shape[1] // 2)), w2, s2, ends)
+        out = torch.empty_like(ys)
+        out[dispatch.order] = ys * dispatch.weights[dispatch.order, None].to(ys.dtype)
+        return out
     h = fused.silu_mul(grouped_mm(x, w13, s13, ends, w13.shape[1] // 2, gather=dispatch))
     return grouped_mm(h, w2, s2, ends, scatter=dispatch)
 

@@ -22,6 +22,18 @@ HAVE_TRITON = importlib.util.find_spec("triton") is not None  # CPU-only torch b
 ENABLED = True  # the runtime may switch the Triton path off
 
 
+def use_triton(on: bool) -> None:
+    """Our Triton kernels in the steps on or off (`--no-triton`; off: torch's kernels, to compare or to route
+    around a misbehaving kernel). The fp8 experts keep their grouped kernel (no capturable torch op does it);
+    off, their gather and scatter are torch ops again."""
+    global ENABLED
+    from pipelines import sampling
+
+    from . import fp8_moe, skinny
+
+    ENABLED = skinny.ENABLED = sampling.FUSED = fp8_moe.DISPATCH = on
+
+
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = x.dtype
     x = x.float()
