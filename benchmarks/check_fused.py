@@ -6,7 +6,8 @@ bit-identical, whether the fused op replays in a CUDA graph to eager's values, a
 for eager, fused, torch.nn.functional.rms_norm and torch.compile'd eager. Failures are recorded, not raised.
 The MoE router (bf16 gate logits of N tokens, also N=4096 as in a prefill) compares its float32 weights (max
 abs and relative difference) and expert ids (the fraction equal to eager's, the fraction of tokens routed to the
-same experts, the fraction of tokens whose top k + 1 probabilities hold equal ones) instead.
+same experts, the fraction of tokens whose top k + 1 probabilities hold equal ones) instead. A MoE's dispatch
+(`fused.align`: the copies' order by expert and each expert's end) must equal argsort's and searchsorted's.
 
   python3 benchmarks/check_fused.py    # one JSON line on stdout; ~3-4 min, mostly torch.compile
 """
@@ -196,6 +197,17 @@ def frame_attention_cases() -> list[dict]:
     return [at_batch(b) for b in BATCHES]
 
 
+def align_cases() -> list[dict]:
+    """A MoE's dispatch of the copies of 1, 64 and 128 tokens over 128 experts (top 8): the one-program sort
+    against argsort and searchsorted; order and ends must be equal ("mismatch" 0)."""
+    def at_batch(b: int) -> dict:
+        ids = torch.randint(0, 128, (b * 8,), device="cuda")
+        return case("align", "moe", b, {"eager": lambda: fused.align_torch(ids, 128),
+                                        "fused": lambda: fused.align_triton(ids, 128)})
+
+    return [at_batch(b) for b in (1, 64, 128)]
+
+
 COMPILE = True
 
 
@@ -203,7 +215,8 @@ def main() -> None:
     global COMPILE
     ap = argparse.ArgumentParser()
     ap.add_argument("--new-only", action="store_true",
-                    help="the router's and the frame attention's cases alone, without torch.compile")
+                    help="the router's, the frame attention's and the MoE dispatch's cases alone, without "
+                    "torch.compile")
     args = ap.parse_args()
     COMPILE = not args.new_only
     if not torch.cuda.is_available():
@@ -216,6 +229,7 @@ def main() -> None:
         rec for model, shape in MODELS.items() for rec in model_cases(model, *shape, info)]
     info["cases"] += [rec for model, shape in ROUTERS.items() for rec in route_cases(model, *shape, info)]
     info["cases"] += frame_attention_cases()
+    info["cases"] += align_cases()
     print(json.dumps(info))
 
 

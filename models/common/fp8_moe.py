@@ -62,11 +62,11 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, ends: torc
     return (grouped_mm_triton if x.is_cuda else grouped_mm_reference)(x, w, scale, ends, split, gather, scatter)
 
 
-def experts_swiglu(x: torch.Tensor, ids: torch.Tensor, dispatch: Dispatch, w13: torch.Tensor, s13: torch.Tensor,
+def experts_swiglu(x: torch.Tensor, ends: torch.Tensor, dispatch: Dispatch, w13: torch.Tensor, s13: torch.Tensor,
                    w2: torch.Tensor, s2: torch.Tensor) -> torch.Tensor:
-    """Experts' SwiGLU of tokens x [N, H] for their copies sorted by expert `ids` -> [N * top_k, H], each copy's
-    output times its weight, in copy order; gate and up scaled apart."""
-    ends = torch.searchsorted(ids, torch.arange(w13.shape[0], device=ids.device), right=True, out_int32=True)
+    """Experts' SwiGLU of tokens x [N, H] for their copies in `dispatch.order` (sorted by expert; `ends` [E] each
+    expert's end there) -> [N * top_k, H], each copy's output times its weight, in copy order; gate and up scaled
+    apart."""
     if not DISPATCH:
         xs = x[dispatch.order // dispatch.top_k]
         ys = grouped_mm(fused.silu_mul(grouped_mm(xs, w13, s13, ends, w13.shape[1] // 2)), w2, s2, ends)

@@ -214,6 +214,35 @@ def route_triton(logits: torch.Tensor, top_k: int, norm_topk: bool) -> tuple[tor
     return weights, idx
 
 
+ALIGN_MAX = 1024  # expert ids (tokens x top_k) sorted in one program: decode batches; larger ones take argsort
+ALIGN_CHUNK = 64
+
+
+def align(ids: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token copies' expert ids [N] -> (their stable order by expert [N] int64, each expert's end in that order
+    [E] int32): a MoE's dispatch."""
+    if _use_triton(ids) and ids.dim() == 1 and ids.is_contiguous() and 0 < ids.numel() <= ALIGN_MAX \
+            and (n_experts + 1) * max(_pow2(ids.numel()), ALIGN_CHUNK) < 2**31:
+        return align_triton(ids, n_experts)
+    return align_torch(ids, n_experts)
+
+
+def align_torch(ids: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    order = (ids.to(torch.int16) if n_experts <= 1 << 15 else ids).argsort(stable=True)  # 16-bit keys: fewer passes
+    experts = torch.arange(n_experts, device=ids.device, dtype=ids.dtype)
+    return order, torch.searchsorted(ids[order], experts, right=True, out_int32=True)
+
+
+def align_triton(ids: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from . import fused_kernels as K
+
+    order = torch.empty(ids.numel(), dtype=torch.int64, device=ids.device)
+    ends = torch.empty(n_experts, dtype=torch.int32, device=ids.device)
+    K._align[(1,)](ids, order, ends, ids.numel(), n_experts, BLOCK=max(_pow2(ids.numel()), ALIGN_CHUNK),
+                   E_BLOCK=_pow2(n_experts), CHUNK=ALIGN_CHUNK, num_warps=4)
+    return order, ends
+
+
 SILU_BLOCK = 1024
 
 

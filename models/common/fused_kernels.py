@@ -172,3 +172,22 @@ def _frame_attention(q_ptr, k_ptr, v_ptr, kb_ptr, vb_ptr, o_ptr, past, t_new, sq
                 p = tl.exp(s - tl.max(s, axis=0))
                 o = tl.sum(p[:, None] * vf, axis=0) / tl.sum(p, axis=0)
                 tl.store(o_ptr + b * so_b + t * so_t + head * D + d, o.to(keys.dtype))
+
+
+@triton.jit
+def _align(ids_ptr, order_ptr, ends_ptr, n, n_experts, BLOCK: tl.constexpr, E_BLOCK: tl.constexpr,
+           CHUNK: tl.constexpr):
+    """The n expert ids' stable sort by expert in one program: keys id * BLOCK + position are unique, so a sort
+    of the keys is the stable argsort (order = key % BLOCK); ends[e] = the number of ids <= e, counted CHUNK ids
+    a round. Padding lanes take id n_experts: after every copy, in no expert's count."""
+    i = tl.arange(0, BLOCK)
+    ids = tl.load(ids_ptr + i, mask=i < n, other=n_experts).to(tl.int32)
+    key = tl.sort(ids * BLOCK + i)
+    tl.store(order_ptr + i, (key % BLOCK).to(tl.int64), mask=i < n)
+    e = tl.arange(0, E_BLOCK)
+    counts = tl.zeros([E_BLOCK], dtype=tl.int32)
+    for c in range(0, n, CHUNK):
+        j = c + tl.arange(0, CHUNK)
+        chunk = tl.load(ids_ptr + j, mask=j < n, other=n_experts).to(tl.int32)
+        counts += tl.sum((chunk[None, :] <= e[:, None]).to(tl.int32), axis=1)
+    tl.store(ends_ptr + e, counts, mask=e < n_experts)

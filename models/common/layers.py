@@ -161,28 +161,23 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x: [N, H]; idx, weights: [N, K]. Returns the weighted sum of each token's K experts."""
         k = idx.shape[1]
-        flat = idx.reshape(-1)
-        # the same stable order from 16-bit keys: a quarter of the radix passes of int64's
-        order = (flat.to(torch.int16) if self.w13.shape[0] <= 1 << 15 else flat).argsort(stable=True)
+        order, ends = fused.align(idx.reshape(-1), self.w13.shape[0])
         if self.w13.dtype == torch.float8_e4m3fn:  # fp8.fp8_experts_; the gather and scatter in its kernels
-            by_copy = fp8_moe.experts_swiglu(x, flat[order], fp8_moe.Dispatch(order, k, weights.reshape(-1)), self.w13,
+            by_copy = fp8_moe.experts_swiglu(x, ends, fp8_moe.Dispatch(order, k, weights.reshape(-1)), self.w13,
                                              self.w13_scale_inv, self.w2, self.w2_scale_inv)
             return by_copy.view(x.shape[0], k, -1).sum(1)
         xs = x[order // k]
         if self.grouped(x):
-            counts = torch.zeros(self.w13.shape[0], dtype=torch.int32, device=x.device)
-            counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))  # bincount syncs; this does not
-            ends = counts.cumsum(0, dtype=torch.int32)
             h = fused.silu_mul(torch._grouped_mm(xs, self.w13.transpose(1, 2), offs=ends))
             ys = torch._grouped_mm(h, self.w2.transpose(1, 2), offs=ends)
         else:
             ys = torch.empty_like(xs)
             start = 0
-            for e, c in enumerate(torch.bincount(flat, minlength=self.w13.shape[0]).tolist()):
-                if c:
-                    gate, up = F.linear(xs[start : start + c], self.w13[e]).chunk(2, dim=-1)
-                    ys[start : start + c] = F.linear(F.silu(gate) * up, self.w2[e])
-                    start += c
+            for e, end in enumerate(ends.tolist()):
+                if end > start:
+                    gate, up = F.linear(xs[start:end], self.w13[e]).chunk(2, dim=-1)
+                    ys[start:end] = F.linear(F.silu(gate) * up, self.w2[e])
+                start = end
         ys = ys * weights.reshape(-1)[order, None].to(ys.dtype)
         by_token = torch.empty_like(ys)
         by_token[order] = ys  # a permutation: deterministic, unlike an atomic index_add
