@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from models.common.fused import use_triton
 from models.common.gpu_memory import cap
 from pipelines.pipeline import Pipeline
 from pipelines.spec import ModelSpec
@@ -83,16 +84,18 @@ def describe(model: str, voice_model: str = "") -> ModelSpec:
 
 def build_pipeline(model: str, device: str = "cpu", dtype: str | None = None, graphs: bool | None = None,
                    kv_memory_gib: float | None = None, voice_model: str = "", quantization: str | None = None,
-                   gpu_memory_gib: float | None = None, **stage_overrides: dict) -> Pipeline:
+                   gpu_memory_gib: float | None = None, triton: bool = True, **stage_overrides: dict) -> Pipeline:
     """Load `model` and return its (not yet started) Pipeline. `graphs` None: CUDA graphs on CUDA;
     `kv_memory_gib` None: on CUDA, KV caches from the memory left after the weights. `voice_model`: a model
     whose voice speaks `model`'s replies (loaded first, so `model`'s caches take the memory left).
     `quantization` "fp8": `model`'s MoE experts quantized as they load (common/fp8.py). `gpu_memory_gib`: on CUDA
-    the process takes at most this much (common/gpu_memory.py); the KV caches take what it leaves."""
+    the process takes at most this much (common/gpu_memory.py); the KV caches take what it leaves. `triton`
+    False: the steps on torch's kernels, not ours (common/fused.use_triton: process-wide)."""
     if quantization not in (None, "fp8"):
         raise ValueError(f"quantization '{quantization}' is not supported (fp8 only)")
     if gpu_memory_gib is not None:
         cap(device, gpu_memory_gib)
+    use_triton(triton)
     voice = {}
     if voice_model:
         describe(model, voice_model)

@@ -149,15 +149,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def build(args: argparse.Namespace):
-    from models.common.fused import use_triton
     from models.registry import build_pipeline
-
-    use_triton(not args.no_triton)
 
     return build_pipeline(args.model, args.device or default_device(), args.dtype,
                           graphs=False if args.no_cuda_graphs else None, kv_memory_gib=args.kv_cache_gib,
                           voice_model=args.voice_model, quantization=args.quantization,
-                          gpu_memory_gib=args.gpu_memory_gib)
+                          gpu_memory_gib=args.gpu_memory_gib, triton=not args.no_triton)
 
 
 def generate(args: argparse.Namespace) -> int:

@@ -108,3 +108,22 @@ def test_torch_threads_default_to_one_on_cuda_and_up_to_four_on_cpu(monkeypatch:
     assert default_threads("cpu") == 2
     assert parser().parse_args(["serve"]).threads is None  # resolved by serve once the device is known
     assert parser().parse_args(["serve", "--threads", "3"]).threads == 3
+
+
+def test_no_triton_reaches_the_kernels_switches_and_the_next_build_puts_them_back():
+    from models.common import fp8_moe, fused, skinny
+    from pipelines import sampling
+    from tests.cli_run import run_cli
+
+    def switches() -> tuple[bool, ...]:
+        return fused.ENABLED, skinny.ENABLED, sampling.FUSED, fp8_moe.DISPATCH
+
+    try:
+        ran = run_cli("generate", "--text", "hi", "--no-triton", "--max-text-tokens", "2", "--max-frames", "2")
+        assert ran.returncode == 0, ran.stderr
+        assert switches() == (False,) * 4
+        ran = run_cli("generate", "--text", "hi", "--max-text-tokens", "2", "--max-frames", "2")
+        assert ran.returncode == 0, ran.stderr
+        assert switches() == (True,) * 4
+    finally:
+        fused.use_triton(True)
