@@ -1,10 +1,11 @@
 """GPU check: the decode-sized forwards with every Triton path on (as served) against the same model with them
-off (fused.ENABLED, skinny.ENABLED, fp8_moe's reference grouped matmul), full size, random weights, fp8 experts.
+off (fused.use_triton(False), and fp8_moe's reference grouped matmul), full size, random weights, fp8 experts.
 
 For the thinker's and the talker's text stacks (rows x tokens: decode-like, each row its own sequence) and the code
 predictor's 15 steps through FrameKVCache (given the off path's talker state and teacher-forced with its greedy
-codes, so each part sees the same inputs on both paths): the logits' relative error, top-1 agreement (also where
-the off path's top two differ by more than 0.1) and non-finite values on each path. One JSON line.
+codes, so each part sees the same inputs on both paths): bench_fp8_accuracy.py's comparison of the logits (relative
+error, top-1 agreement, also where the top two differ by more than 0.1) and non-finite values on each path.
+One JSON line.
 
   python3 benchmarks/check_kernels.py --out $OUT/kernels.json
 """
@@ -20,8 +21,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_fp8_accuracy import compare as accuracy  # noqa: E402
 from benchmarks.bench_pipeline import print_line  # noqa: E402
-from models.common import fp8_moe, fused, skinny  # noqa: E402
+from models.common import fp8_moe, fused  # noqa: E402
 from models.common.code_predictor import greedy  # noqa: E402
 from models.qwen3_omni.config import OmniConfig  # noqa: E402
 from models.qwen3_omni.model import random_model  # noqa: E402
@@ -32,7 +34,7 @@ GROUPED_MM = fp8_moe.grouped_mm
 
 
 def kernels(on: bool) -> None:
-    fused.ENABLED = skinny.ENABLED = on
+    fused.use_triton(on)
     fp8_moe.grouped_mm = GROUPED_MM if on else fp8_moe.grouped_mm_reference
 
 
@@ -53,17 +55,10 @@ def forwards(model, ids: torch.Tensor, codes: torch.Tensor, ref: dict | None = N
 
 
 def compare(ref: torch.Tensor, got: torch.Tensor) -> dict:
+    """bench_fp8_accuracy's comparison over the positions finite on both paths, and the non-finite counts."""
     fin = torch.isfinite(ref).all(-1) & torch.isfinite(got).all(-1)
-    r, g = ref[fin], got[fin]
-    if not fin.any():
-        return {"nonfinite_ref": int((~torch.isfinite(ref)).sum()), "nonfinite_got": int((~torch.isfinite(got)).sum())}
-    top2 = r.topk(2, dim=-1).values
-    sure = (top2[..., 0] - top2[..., 1]) > 0.1
-    agree = r.argmax(-1) == g.argmax(-1)
-    return {"rel_err": round(float((g - r).norm() / r.norm()), 5), "top1_agree": round(float(agree.float().mean()), 4),
-            "top1_agree_margin_gt_0.1": round(float(agree[sure].float().mean()), 4) if sure.any() else None,
-            "margin_gt_0.1": int(sure.sum()), "positions": int(agree.numel()),
-            "nonfinite_ref": int((~torch.isfinite(ref)).sum()), "nonfinite_got": int((~torch.isfinite(got)).sum())}
+    counts = {"nonfinite_ref": int((~torch.isfinite(ref)).sum()), "nonfinite_got": int((~torch.isfinite(got)).sum())}
+    return (accuracy(ref[fin], got[fin]) if fin.any() else {}) | counts
 
 
 def main() -> None:

@@ -5,20 +5,14 @@ all copies on one expert, and an expert count that is not a power of two; and th
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
 from models.common import fused
-from tests.interpreted import run_interpreted
+from tests.interpreted import compiled_for_h200, run_interpreted
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not fused.HAVE_TRITON, reason="triton is not installed")
 
 SCRIPT = textwrap.dedent(
@@ -57,31 +51,17 @@ def test_off_cuda_and_beyond_decode_sizes_align_is_torchs() -> None:
 
 COMPILE = textwrap.dedent(
     """
-    import time, triton
-    from triton.backends.compiler import GPUTarget
     from models.common import fused, fused_kernels as K
 
-    target = GPUTarget("cuda", 90, 32)  # an H200; compiling needs no GPU, only the bundled ptxas
-    backend = triton.compiler.make_backend(target)
     sig = {"ids_ptr": "*i64", "order_ptr": "*i64", "ends_ptr": "*i32", "n": "i32", "n_experts": "i32"}
     for block in (64, 1024):
-        consts = {"BLOCK": block, "E_BLOCK": 128, "CHUNK": fused.ALIGN_CHUNK}
-        src = triton.compiler.ASTSource(fn=K._align, signature=sig | dict.fromkeys(consts, "constexpr"),
-                                        constexprs=consts)
-        start = time.perf_counter()
-        ptx = triton.compile(src, target=target, options=backend.parse_options({"num_warps": 4}).__dict__).asm["ptx"]
-        print(block, round(time.perf_counter() - start, 1), len(ptx), flush=True)
+        compile_timed(block, K._align, sig, {"BLOCK": block, "E_BLOCK": 128, "CHUNK": fused.ALIGN_CHUNK},
+                      {"num_warps": 4})
     """
 )
 
 
 def test_the_kernel_compiles_for_the_h200_in_seconds() -> None:
-    if not (Path(importlib.util.find_spec("triton").origin).parent / "backends" / "nvidia").is_dir():
-        pytest.skip("triton has no NVIDIA backend here")
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                          env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    done = [line.split() for line in proc.stdout.strip().splitlines()]
+    done = compiled_for_h200(COMPILE)
     assert [int(b) for b, _, _ in done] == [64, 1024]
     assert all(float(s) < 60 and int(n) > 1000 for _, s, n in done), done

@@ -8,19 +8,13 @@ measures it on the GPU."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from pipelines import sampling
-from tests.interpreted import run_interpreted
+from tests.interpreted import compiled_for_h200, run_interpreted
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not sampling.HAVE_TRITON, reason="triton is not installed")
 
 SCRIPT = textwrap.dedent(
@@ -94,24 +88,15 @@ def test_the_cases_sample_and_cut(cases: list[list]) -> None:
 
 COMPILE = textwrap.dedent(
     """
-    import time, triton
-    from triton.backends.compiler import GPUTarget
     from pipelines import sampling_kernel as K
 
-    target = GPUTarget("cuda", 90, 32)  # an H200; compiling needs no GPU, only the bundled ptxas
-    backend = triton.compiler.make_backend(target)
     ptrs = ("logits_ptr", "seen_ptr", "penalty_ptr", "suppress_ptr", "greedy_ptr", "temperature_ptr", "top_k_ptr",
             "top_p_ptr", "seed_ptr", "step_ptr", "out_ptr")
     types = ("*bf16", "*i1", "*fp32", "*i1", "*i1", "*fp32", "*i32", "*fp32", "*i64", "*i64", "*i64")
     sig = dict(zip(ptrs, types)) | dict.fromkeys(("s_logits", "n", "s_seen", "s_suppress", "s_step"), "i32")
     for block in (2048, 4096):  # the code predictor's and the talker's vocabularies, as sampling.py launches them
-        consts = {"HAS_SEEN": True, "HAS_SUPPRESS": True, "BLOCK": block}
-        src = triton.compiler.ASTSource(fn=K.sample_rows, signature=sig | dict.fromkeys(consts, "constexpr"),
-                                        constexprs=consts)
-        opts = backend.parse_options({"num_warps": min(max(block // 512, 1), 8), "enable_fp_fusion": False})
-        start = time.perf_counter()
-        ptx = triton.compile(src, target=target, options=opts.__dict__).asm["ptx"]
-        print(block, round(time.perf_counter() - start, 1), len(ptx), flush=True)
+        compile_timed(block, K.sample_rows, sig, {"HAS_SEEN": True, "HAS_SUPPRESS": True, "BLOCK": block},
+                      {"num_warps": min(max(block // 512, 1), 8), "enable_fp_fusion": False})
     """
 )
 
@@ -120,15 +105,6 @@ def test_the_kernel_compiles_for_the_h200_in_seconds() -> None:
     """Both launch shapes compile for sm_90 within 60 s each with the Triton installed here. A search written as
     unrolled [2**DIGIT, BLOCK] rounds took the device image's Triton 3.6 over ten minutes (this box's 3.9: seconds,
     so this test passed it), and the server's start timed out on the GPU; check new kernels with Triton 3.6 too."""
-    if not (Path(importlib.util.find_spec("triton").origin).parent / "backends" / "nvidia").is_dir():
-        pytest.skip("triton has no NVIDIA backend here")
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
-    try:
-        proc = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, cwd=ROOT,
-                              timeout=120, env=env)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"compiling the sampler for sm_90 took over 120 s: {e.stdout}")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    done = [line.split() for line in proc.stdout.strip().splitlines()]
+    done = compiled_for_h200(COMPILE)
     assert [int(b) for b, _, _ in done] == [2048, 4096]
     assert all(float(s) < 60 and int(n) > 1000 for _, s, n in done), done

@@ -37,24 +37,30 @@ class Dispatch:
     top_k: int
     weights: torch.Tensor
 
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Tokens [N, H] -> their copies' rows in sorted order [N * top_k, H]."""
+        return x[self.order // self.top_k]
+
+    def place(self, y: torch.Tensor) -> torch.Tensor:
+        """Sorted rows' outputs -> in copy order, each times its weight (a permutation: deterministic)."""
+        out = torch.empty_like(y)
+        out[self.order] = y * self.weights[self.order, None].to(y.dtype)
+        return out
+
 
 def grouped_mm_reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, ends: torch.Tensor,
                          split: int | None = None, gather: Dispatch | None = None,
                          scatter: Dispatch | None = None) -> torch.Tensor:
     """One float32 matmul per expert with rows, by its dequantized weight (syncs on `ends`); with `gather` the
     sorted rows are read from x's tokens, with `scatter` written to their copies' places, times their weights."""
-    xs = x if gather is None else x[gather.order // gather.top_k]
+    xs = x if gather is None else gather.rows(x)
     y = torch.zeros(xs.shape[0], w.shape[1], dtype=x.dtype, device=x.device)
     start = 0
     for e, end in enumerate(ends.tolist()):
         if end > start:
             y[start:end] = (xs[start:end].float() @ dequantize_split(w[e], scale[e], split).T).to(x.dtype)
         start = end
-    if scatter is None:
-        return y
-    out = torch.empty_like(y)
-    out[scatter.order] = y * scatter.weights[scatter.order, None].to(y.dtype)
-    return out
+    return y if scatter is None else scatter.place(y)
 
 
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, ends: torch.Tensor, split: int | None = None,
@@ -68,11 +74,8 @@ def experts_swiglu(x: torch.Tensor, ends: torch.Tensor, dispatch: Dispatch, w13:
     expert's end there) -> [N * top_k, H], each copy's output times its weight, in copy order; gate and up scaled
     apart."""
     if not DISPATCH:
-        xs = x[dispatch.order // dispatch.top_k]
-        ys = grouped_mm(fused.silu_mul(grouped_mm(xs, w13, s13, ends, w13.shape[1] // 2)), w2, s2, ends)
-        out = torch.empty_like(ys)
-        out[dispatch.order] = ys * dispatch.weights[dispatch.order, None].to(ys.dtype)
-        return out
+        h = fused.silu_mul(grouped_mm(dispatch.rows(x), w13, s13, ends, w13.shape[1] // 2))
+        return dispatch.place(grouped_mm(h, w2, s2, ends))
     h = fused.silu_mul(grouped_mm(x, w13, s13, ends, w13.shape[1] // 2, gather=dispatch))
     return grouped_mm(h, w2, s2, ends, scatter=dispatch)
 

@@ -162,11 +162,12 @@ class Experts(nn.Module):
         """x: [N, H]; idx, weights: [N, K]. Returns the weighted sum of each token's K experts."""
         k = idx.shape[1]
         order, ends = fused.align(idx.reshape(-1), self.w13.shape[0])
+        dispatch = fp8_moe.Dispatch(order, k, weights.reshape(-1))
         if self.w13.dtype == torch.float8_e4m3fn:  # fp8.fp8_experts_; the gather and scatter in its kernels
-            by_copy = fp8_moe.experts_swiglu(x, ends, fp8_moe.Dispatch(order, k, weights.reshape(-1)), self.w13,
-                                             self.w13_scale_inv, self.w2, self.w2_scale_inv)
+            by_copy = fp8_moe.experts_swiglu(x, ends, dispatch, self.w13, self.w13_scale_inv, self.w2,
+                                             self.w2_scale_inv)
             return by_copy.view(x.shape[0], k, -1).sum(1)
-        xs = x[order // k]
+        xs = dispatch.rows(x)
         if self.grouped(x):
             h = fused.silu_mul(torch._grouped_mm(xs, self.w13.transpose(1, 2), offs=ends))
             ys = torch._grouped_mm(h, self.w2.transpose(1, 2), offs=ends)
@@ -178,10 +179,7 @@ class Experts(nn.Module):
                     gate, up = F.linear(xs[start:end], self.w13[e]).chunk(2, dim=-1)
                     ys[start:end] = F.linear(F.silu(gate) * up, self.w2[e])
                 start = end
-        ys = ys * weights.reshape(-1)[order, None].to(ys.dtype)
-        by_token = torch.empty_like(ys)
-        by_token[order] = ys  # a permutation: deterministic, unlike an atomic index_add
-        return by_token.view(x.shape[0], k, -1).sum(1)
+        return dispatch.place(ys).view(x.shape[0], k, -1).sum(1)
 
     def grouped(self, x: torch.Tensor) -> bool:
         """Grouped matmul needs 16-byte aligned rows; on CUDA it runs in bf16 (Hopper)."""
