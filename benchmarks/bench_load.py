@@ -59,7 +59,7 @@ from aiohttp import web
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_pipeline import random_program, speech_like  # noqa: E402
-from models.common.fused import use_triton  # noqa: E402
+from models.common.fused import SWITCHES, use_triton  # noqa: E402
 from models.common.gpu_memory import cap  # noqa: E402
 from models.qwen3_omni.audio_stream import AudioStream  # noqa: E402
 from pipelines.admission import FED_S, SETTLE_S  # noqa: E402
@@ -539,7 +539,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--quantization", choices=["fp8"], help="fp8: the MoE experts kept in fp8 (serve's flag)")
     ap.add_argument("--gpu-memory-gib", type=float, help="serve --gpu-memory-gib: the process takes at most this "
                     "much of the GPU, and the KV caches what it leaves")
-    ap.add_argument("--no-triton", action="store_true", help="serve --no-triton: torch's kernels, not ours")
+    ap.add_argument("--no-triton", nargs="?", const="all", default="", metavar="KERNELS",
+                    help="serve --no-triton: torch's kernels, not ours; or only those named, comma-separated, of "
+                         + ", ".join(SWITCHES) + " (a bisection)")
     ap.add_argument("--no-overlap", action="store_true",
                     help="the thinker's decode runs before the talker's, not beside it (StageConfig.overlap off)")
     ap.add_argument("--gil-switch-ms", type=_floats, default=[ServerConfig.gil_switch_ms],
@@ -611,6 +613,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         ap.error("need --threads >= 1")
     if args.turns < 1 or args.pause_s < 0 or args.play_ahead_s < 0:
         ap.error("need --turns >= 1, --pause-s >= 0 and --play-ahead-s >= 0")
+    triton_off = set(SWITCHES) if args.no_triton == "all" else set(filter(None, args.no_triton.split(",")))
+    if triton_off - set(SWITCHES):
+        ap.error(f"--no-triton: unknown kernels {sorted(triton_off - set(SWITCHES))}; known: {', '.join(SWITCHES)}")
     if args.gpu_memory_gib is not None:
         cap(args.device, args.gpu_memory_gib)
     voice, tiny = None, False
@@ -625,7 +630,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                      thinker={"overlap": not args.no_overlap}, talker=streams, code2wav=streams)
     header["stream_batch"] = program.by_name["code2wav"].cfg.max_batch if "code2wav" in program.by_name else None
     header["thinker_overlap"] = not args.no_overlap
-    header["triton"] = not args.no_triton
+    header["triton"], header["triton_off"] = not triton_off, sorted(triton_off)
     header["voice_model"] = "tiny-tts" if args.voice_model and tiny else args.voice_model or "qwen3-omni talker"
     header["play_ahead_s"] = args.play_ahead_s
     header["encode_ahead"] = not args.no_encode_ahead
@@ -635,7 +640,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     threads, switch_s = torch.get_num_threads(), sys.getswitchinterval()
     torch.set_num_threads(args.threads)
     header["threads"] = args.threads
-    use_triton(not args.no_triton)  # read at each forward: the captures at the pipeline's start take it
+    use_triton(False, triton_off)  # read at each forward: the captures at the pipeline's start take it
     try:
         with Pipeline(program) as pipeline:
             pipeline.play_ahead_s = args.play_ahead_s

@@ -223,7 +223,7 @@ def main() -> None:
         sys.exit("check_fused.py needs a CUDA device")
     torch.manual_seed(0)
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    info["fused_takes_triton_path"] = fused._use_triton(torch.ones(1, device="cuda"))
+    info["fused_takes_triton_path"] = fused._use_triton("norm", torch.ones(1, device="cuda"))
     info["triton"] = try_(info, "triton", lambda: __import__("triton").__version__)
     info["cases"] = [] if args.new_only else [
         rec for model, shape in MODELS.items() for rec in model_cases(model, *shape, info)]

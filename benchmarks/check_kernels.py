@@ -5,7 +5,7 @@ For the thinker's and the talker's text stacks (rows x tokens: decode-like, each
 predictor's 15 steps through FrameKVCache (given the off path's talker state and teacher-forced with its greedy
 codes, so each part sees the same inputs on both paths): bench_fp8_accuracy.py's comparison of the logits (relative
 error, top-1 agreement, also where the top two differ by more than 0.1) and non-finite values on each path.
-One JSON line.
+`--each` also runs all on but one kernel, for each: a bisection. One JSON line.
 
   python3 benchmarks/check_kernels.py --out $OUT/kernels.json
 """
@@ -33,8 +33,11 @@ from pipelines import fastest  # noqa: E402
 GROUPED_MM = fp8_moe.grouped_mm
 
 
-def kernels(on: bool) -> None:
+def kernels(on: bool, but: str | None = None) -> None:
+    """All on, or all off; `but`: all on except that one of fused.SWITCHES."""
     fused.use_triton(on)
+    if but:
+        fused.use_triton(False, {but})
     fp8_moe.grouped_mm = GROUPED_MM if on else fp8_moe.grouped_mm_reference
 
 
@@ -65,6 +68,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="1x1,64x1,2x16", help="rows x tokens")
     ap.add_argument("--tiny", action="store_true", help="the tiny config on CPU (the script's own smoke test)")
+    ap.add_argument("--each", action="store_true",
+                    help="also all on but one, for each of fused.SWITCHES (which kernel makes a difference)")
     ap.add_argument("--out")
     args = ap.parse_args()
     cfg = OmniConfig.from_hf(tiny_config("a") if args.tiny else json.loads(FULL_CONFIG.read_text()))
@@ -80,12 +85,14 @@ def main() -> None:
             codes = torch.randint(0, cfg.talker.code_predictor.vocab_size, (b, t), generator=g).to(dev)
             kernels(False)
             ref = forwards(model, ids, codes)
+            for but in [None, *(args.each and fused.SWITCHES)]:
+                kernels(True, but)
+                with fastest.warming_up():  # skinny.py's picks, timed as a graph runner's warm-up times them
+                    got = forwards(model, ids, codes, ref)
+                row = {k: compare(ref[k], got[k]) for k in ("thinker", "talker", "predictor")}
+                res[shape if but is None else f"{shape} without {but}"] = row
+                print(shape, but or "all on", row, file=sys.stderr, flush=True)
             kernels(True)
-            with fastest.warming_up():  # skinny.py's picks, timed as a graph runner's warm-up times them
-                got = forwards(model, ids, codes, ref)
-            row = {k: compare(ref[k], got[k]) for k in ("thinker", "talker", "predictor")}
-            res[shape] = row
-            print(shape, row, file=sys.stderr, flush=True)
     print_line(res, args.out)
 
 

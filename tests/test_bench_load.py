@@ -127,7 +127,8 @@ def test_player_counts_gaps_after_the_start_buffer() -> None:
                                  ["--urgent-s", "-0.1"], ["--urgent-s", "0.25,x"], ["--fed-s", "-1"],
                                  ["--decode-after-prefill", "0,2"], ["--seal", "yes"], ["--stream-batch", "0"],
                                  ["--eager-input-s", "-0.1"], ["--threads", "0"], ["--gil-switch-ms", "0.5,0"],
-                                 ["--trace-s", "1"], ["--settle-s", "-1"]])
+                                 ["--trace-s", "1"], ["--settle-s", "-1"],
+                                 ["--no-triton", "norm,bogus"]])
 def test_bad_flags_are_refused_before_building_a_model(bad: list[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--tiny", "--device", "cpu", *bad])

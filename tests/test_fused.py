@@ -219,7 +219,7 @@ def test_cpu_dispatch_is_todays_code() -> None:
         got = fused.qk_norm_rope(q, k, attn.q_norm.weight, attn.k_norm.weight, 1e-6, cos, sin)
         assert torch.equal(got[0], apply_rope(attn.q_norm(q), cos, sin))
         assert torch.equal(got[1], apply_rope(attn.k_norm(k), cos, sin))
-        assert not fused._use_triton(x, m.weight)
+        assert not fused._use_triton("norm", x, m.weight)
         logits = torch.randn(5, 60).to(torch.bfloat16)
         for norm in (False, True):
             probs = torch.nn.functional.softmax(logits, dim=-1, dtype=torch.float32)
@@ -289,3 +289,25 @@ def test_kernels_compile_for_the_h200_with_eagers_roundings() -> None:
     for name, ops in ptx.items():
         assert "cvt.rn.bf16.f32" in ops and "mul.rn.f32" in ops, (name, ops)
         assert not any(op.startswith("fma") for op in ops), (name, ops)
+
+
+def test_kernels_switch_off_by_name_for_a_bisection() -> None:
+    """`use_triton(False, names)` turns off just those (bench_load's `--no-triton route,sampling`); an unknown name
+    is refused and changes nothing; `use_triton(True)` puts them all back."""
+    from models.common import fp8_moe, skinny
+    from pipelines import sampling
+
+    x, w = torch.randn(2, 8), torch.ones(8)
+    try:
+        fused.use_triton(False, {"route", "sampling"})
+        assert {"route", "sampling"} == fused.OFF and not sampling.FUSED and skinny.ENABLED and fp8_moe.DISPATCH
+        with pytest.raises(ValueError, match="bogus"):
+            fused.use_triton(False, {"norm", "bogus"})
+        assert {"route", "sampling"} == fused.OFF
+        fused.use_triton(True, {"sampling"})
+        assert {"route"} == fused.OFF and sampling.FUSED
+        assert not fused._use_triton("route", x, w)  # and on CPU no kernel takes the Triton path at all
+        assert not fused._use_triton("norm", x, w)
+    finally:
+        fused.use_triton(True)
+    assert not fused.OFF and sampling.FUSED and skinny.ENABLED and fp8_moe.DISPATCH

@@ -13,25 +13,32 @@ can capture them once warmed up eagerly (the first call compiles).
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Collection
 
 import torch
 import torch.nn.functional as F
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None  # CPU-only torch builds ship without it
 
-ENABLED = True  # the runtime may switch the Triton path off
+KERNELS = ("norm", "rope", "snake", "silu_mul", "route", "align", "frame_attention")  # this module's
+SWITCHES = (*KERNELS, "skinny", "sampling", "dispatch")  # with skinny.py's, the sampler's and the fp8 experts'
+OFF: set[str] = set()  # the runtime may switch kernels off
 
 
-def use_triton(on: bool) -> None:
+def use_triton(on: bool, only: Collection[str] | None = None) -> None:
     """Our Triton kernels in the steps on or off (`--no-triton`; off: torch's kernels, to compare or to route
-    around a misbehaving kernel). The fp8 experts keep their grouped kernel (no capturable torch op does it);
-    off, their gather and scatter are torch ops again."""
-    global ENABLED
+    around a misbehaving kernel); `only`: just these of SWITCHES (a benchmark's bisection). The fp8 experts keep
+    their grouped kernel (no capturable torch op does it); "dispatch" off, their gather and scatter are torch ops."""
     from pipelines import sampling
 
     from . import fp8_moe, skinny
 
-    ENABLED = skinny.ENABLED = sampling.FUSED = fp8_moe.DISPATCH = on
+    names = set(SWITCHES if only is None else only)
+    if unknown := names - set(SWITCHES):
+        raise ValueError(f"unknown kernels {sorted(unknown)}; known: {', '.join(SWITCHES)}")
+    OFF.difference_update(names) if on else OFF.update(names)
+    skinny.ENABLED, sampling.FUSED, fp8_moe.DISPATCH = ("skinny" not in OFF, "sampling" not in OFF,
+                                                        "dispatch" not in OFF)
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -66,9 +73,9 @@ def route_torch(logits: torch.Tensor, top_k: int, norm_topk: bool) -> tuple[torc
     return weights, idx
 
 
-def _use_triton(*ts: torch.Tensor | None) -> bool:
+def _use_triton(kernel: str, *ts: torch.Tensor | None) -> bool:
     ts = [t for t in ts if t is not None]
-    return (ENABLED and HAVE_TRITON and all(t.is_cuda and t.dtype == ts[0].dtype for t in ts)
+    return (kernel not in OFF and HAVE_TRITON and all(t.is_cuda and t.dtype == ts[0].dtype for t in ts)
             and not (torch.is_grad_enabled() and any(t.requires_grad for t in ts)))
 
 
@@ -77,14 +84,14 @@ def _vec(w: torch.Tensor | None, n: int) -> bool:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    fuse = _use_triton(x, weight) and _vec(weight, x.shape[-1])
+    fuse = _use_triton("norm", x, weight) and _vec(weight, x.shape[-1])
     return rms_norm_triton(x, weight, eps) if fuse else rms_norm_torch(x, weight, eps)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(s, rms_norm(s)) with s = x + residual rounded to x's dtype, as eager computes them."""
-    if _use_triton(x, residual, weight) and x.shape == residual.shape and _vec(weight, x.shape[-1]):
+    if _use_triton("norm", x, residual, weight) and x.shape == residual.shape and _vec(weight, x.shape[-1]):
         return add_rms_norm_triton(x, residual, weight, eps)
     s = x + residual
     return s, rms_norm_torch(s, weight, eps)
@@ -94,7 +101,8 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None
                  eps: float, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [B, T, Hq, D], k: [B, T, Hkv, D] (views of a fused qkv are fine); cos, sin: [B, T, D]. Per-head
     RMSNorm (none when the weights are None), then rotate-half rope."""
-    if _use_triton(q, k, q_weight, k_weight, cos, sin) and _vec(q_weight, q.shape[-1]) and _vec(k_weight, k.shape[-1]):
+    if _use_triton("rope", q, k, q_weight, k_weight, cos, sin) and _vec(q_weight, q.shape[-1]) \
+            and _vec(k_weight, k.shape[-1]):
         return qk_norm_rope_triton(q, k, q_weight, k_weight, eps, cos, sin)
     if q_weight is not None:
         q, k = rms_norm_torch(q, q_weight, eps), rms_norm_torch(k, k_weight, eps)
@@ -103,14 +111,14 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None
 
 def snake(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     """SnakeBeta over x [B, C, T] with per-channel log-scale alpha and beta [C]."""
-    if _use_triton(x, alpha, beta) and x.dim() == 3 and _vec(alpha, x.shape[1]) and _vec(beta, x.shape[1]):
+    if _use_triton("snake", x, alpha, beta) and x.dim() == 3 and _vec(alpha, x.shape[1]) and _vec(beta, x.shape[1]):
         return snake_triton(x, alpha, beta)
     return snake_torch(x, alpha, beta)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of gate_up [..., 2I] = [gate | up] -> [..., I], each rounded as eager rounds."""
-    if _use_triton(gate_up) and gate_up.shape[-1] % 2 == 0:
+    if _use_triton("silu_mul", gate_up) and gate_up.shape[-1] % 2 == 0:
         return silu_mul_triton(gate_up)
     return silu_mul_torch(gate_up)
 
@@ -122,7 +130,7 @@ def route(logits: torch.Tensor, top_k: int, norm_topk: bool) -> tuple[torch.Tens
     """Router logits [N, E] -> (weights [N, K] float32, expert ids [N, K] int64), larger weights first: softmax
     over the E experts in float32, the top K, with norm_topk divided by their sum. Among equal probabilities the
     fused kernel takes the lowest expert id first (torch's topk does not promise an order)."""
-    if _use_triton(logits) and logits.dim() == 2 and logits.shape[1] <= ROUTE_MAX_EXPERTS:
+    if _use_triton("route", logits) and logits.dim() == 2 and logits.shape[1] <= ROUTE_MAX_EXPERTS:
         return route_triton(logits, top_k, norm_topk)
     return route_torch(logits, top_k, norm_topk)
 
@@ -221,7 +229,7 @@ ALIGN_CHUNK = 64
 def align(ids: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token copies' expert ids [N] -> (their stable order by expert [N] int64, each expert's end in that order
     [E] int32): a MoE's dispatch."""
-    if _use_triton(ids) and ids.dim() == 1 and ids.is_contiguous() and 0 < ids.numel() <= ALIGN_MAX \
+    if _use_triton("align", ids) and ids.dim() == 1 and ids.is_contiguous() and 0 < ids.numel() <= ALIGN_MAX \
             and (n_experts + 1) * max(_pow2(ids.numel()), ALIGN_CHUNK) < 2**31:
         return align_triton(ids, n_experts)
     return align_torch(ids, n_experts)
@@ -260,8 +268,9 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
 
 def frame_attention_usable(q: torch.Tensor, k: torch.Tensor, buf: torch.Tensor) -> bool:
     d = q.shape[-1]
-    return (_use_triton(q, k, buf) and d == _pow2(d) and q.shape[2] % k.shape[2] == 0 and q.stride(-1) == 1
-            and all(x.stride(-1) == 1 and x.stride(2) == d for x in (q, k)) and buf.is_contiguous())
+    return (_use_triton("frame_attention", q, k, buf) and d == _pow2(d) and q.shape[2] % k.shape[2] == 0
+            and q.stride(-1) == 1 and all(x.stride(-1) == 1 and x.stride(2) == d for x in (q, k))
+            and buf.is_contiguous())
 
 
 def frame_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kbuf: torch.Tensor, vbuf: torch.Tensor,
