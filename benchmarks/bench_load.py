@@ -7,7 +7,9 @@ from the engine thread (--clients-in-process: the way it was measured before 202
 process alone lagged at 128 sessions. A session connects, sets
 manual turn detection and a 32-token system prompt, streams its question in real time as 20 ms appends (sessions
 start spread evenly over --spread-s), then commits and asks for a response.
-Reply lengths are capped by the server Limits.
+Reply lengths are the server Limits (--text-tokens, --frames): every reply runs to them (Limits.ignore_eos), as
+every session asks the same questions with the same seed, so on random weights one EOS drawn early would shorten
+that turn in most sessions at once (--eos lets replies end there).
 
 - TTFA: commit sent -> first response.output_audio.delta received.
 - RTF: commit sent -> response.done, over the seconds of audio received.
@@ -272,7 +274,8 @@ def conversation_summary(sessions: list[list[Result]], args: argparse.Namespace)
 
 
 async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[int], header: dict) -> list[dict]:
-    limits = Limits(max_text_tokens=args.text_tokens, max_frames=args.frames, encode_ahead=not args.no_encode_ahead)
+    limits = Limits(max_text_tokens=args.text_tokens, max_frames=args.frames, encode_ahead=not args.no_encode_ahead,
+                    ignore_eos=not args.eos)
     server = Server(pipeline, ServerConfig(max_sessions=max(levels) + 1, max_sessions_per_client=max(levels) + 1,
                                            limits=limits, gil_switch_ms=args.gil_switch_ms[0]))
     server_ttfa: list[float] = []  # the server's own time to first audio (its histogram's observations), seconds
@@ -326,7 +329,8 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
             trace = asyncio.create_task(trace_window(pipeline, args, i)) if traced else None
             sessions = await clients(n, args.spread_s, args.turns, args.pause_s, args.timeout_s)
             line = {**header, **policy, "bench": "load", "audio_seconds": args.audio_seconds,
-                    "text_tokens": args.text_tokens, "frames": args.frames, "spread_s": args.spread_s}
+                    "text_tokens": args.text_tokens, "frames": args.frames, "spread_s": args.spread_s,
+                    "eos": args.eos}
             line["engine"] = engine_delta(before, engine(pipeline))
             line["engine"]["milestone_ms_p50_p95"] = milestone_gaps(timings)
             if trace is not None:
@@ -525,6 +529,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--system-tokens", type=int, default=32)
     ap.add_argument("--text-tokens", type=int, default=16, help="server limit on reply text tokens")
     ap.add_argument("--frames", type=int, default=25, help="server limit on reply codec frames (80 ms each)")
+    ap.add_argument("--eos", action="store_true",
+                    help="replies may end at EOS (default: each runs to --text-tokens and --frames; on random weights "
+                         "every session's identical turns end alike, so EOS makes the load depend on one draw)")
     ap.add_argument("--spread-s", type=float, default=1.0, help="session starts are spread evenly over this")
     ap.add_argument("--turns", type=int, default=1,
                     help="questions per session; above 1 the conversation mode (replies played out, then a pause)")

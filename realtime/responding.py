@@ -78,7 +78,7 @@ class Responding:
             max_text_tokens=self.limits.max_text_tokens if limit == "inf" else limit,
             max_frames=self.limits.max_frames if limit == "inf" else min(limit, self.limits.max_frames),
             tools=tuple(cfg["tools"]) if cfg["tool_choice"] != "none" else (),
-            tool_choice=cfg["tool_choice"],
+            tool_choice=cfg["tool_choice"], ignore_eos=self.limits.ignore_eos,
         )
 
     def _start_response(self, spec: dict, inputs: list[Item] | None = None) -> None:

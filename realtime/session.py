@@ -57,6 +57,7 @@ class Limits:
     append_burst: int = 1000
     max_items: int = 4096  # conversation items kept per session
     encode_ahead: bool = True  # encode input audio as it arrives (where the model can: Pipeline.audio_ahead)
+    ignore_eos: bool = False  # benchmarks: every reply runs to its token and frame limits
 
 
 class RealtimeSession(EarlyReply, ItemEvents, Responding):

@@ -183,3 +183,33 @@ def test_short_replies_say_which_limit_they_fell_short_of():
     replies = [SimpleNamespace(text_tokens=t, frames=f) for t, f in ((16, 75), (16, 13), (9, 75), (4, 30), (16, 40))]
     assert bench_load.short_replies(replies, args) == {"short_replies": 4, "short_text": 2, "short_frames": 3,
                                                        "short_frames_median": 35.0}
+
+
+@pytest.mark.parametrize("ignore_eos", [True, False])
+def test_the_servers_ignore_eos_limit_reaches_every_reply(ignore_eos: bool) -> None:
+    """Limits.ignore_eos (bench_load's default, off with --eos) goes into each reply's options through the real
+    server and the SDK; the reply then runs to the limits."""
+    import asyncio
+
+    from models import registry
+    from realtime.server import ServerConfig
+    from realtime.session import Limits
+    from tests.realtime_server import client, running, until
+
+    limits = Limits(max_text_tokens=5, max_frames=4, ignore_eos=ignore_eos)
+    with registry.build_pipeline("tiny") as pipeline, \
+            running(pipeline, ServerConfig(model_name=pipeline.spec.name, limits=limits)) as (url, _):
+        submitted, submit = [], pipeline.submit
+        pipeline.submit = lambda turn, **kw: (submitted.append(turn.options), submit(turn, **kw))[-1]
+
+        async def ask() -> dict:
+            async with client(url).realtime.connect(model=pipeline.spec.name) as conn:
+                await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                          "content": [{"type": "input_text", "text": "Hi"}]})
+                await conn.response.create()
+                return (await until(conn, "response.done"))["response"]
+
+        response = asyncio.run(ask())
+    assert [o.ignore_eos for o in submitted] == [ignore_eos]
+    if ignore_eos:  # cut at the limit, every frame made
+        assert response["status"] == "incomplete" and response["usage"]["output_token_details"]["audio_tokens"] == 4
