@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 # audio a playing stream must have buffered for a new turn to start beside it (its listener's own start buffer
-# comes on top); 0.05 against 0.1 s: lower TTFA p95 in two pairs of 128 conversations and a burst (RESULTS.md)
-FED_S = 0.05
+# comes on top); 0.05 s was tried: lower TTFA p95 within one call, more underruns across calls (RESULTS.md)
+FED_S = 0.1
 SETTLE_S = 0.0  # a stream that began playing less than this ago has no say (its first frame alone is under FED_S)
 MAX_WAIT_S = 2.0
 

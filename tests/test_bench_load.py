@@ -45,7 +45,7 @@ def test_four_sessions_through_the_real_server(tmp_path: Path, capsys: pytest.Ca
                 "dtype", "size", "params_B"):
         assert key in line, key
     assert (line["size"], line["device"], line["dtype"]) == ("tiny", "cpu", "float32")
-    assert (line["decode_after_prefill"], line["urgent_s"], line["fed_s"]) == (True, 0.0, 0.05)  # the server's
+    assert (line["decode_after_prefill"], line["urgent_s"], line["fed_s"]) == (True, 0.0, 0.1)  # the server's
     assert "ttfa_ms_p95" in proc.err  # the human table
 
 
