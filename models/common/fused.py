@@ -36,7 +36,10 @@ def use_triton(on: bool, only: Collection[str] | None = None) -> None:
     names = set(SWITCHES if only is None else only)
     if unknown := names - set(SWITCHES):
         raise ValueError(f"unknown kernels {sorted(unknown)}; known: {', '.join(SWITCHES)}")
-    OFF.difference_update(names) if on else OFF.update(names)
+    if on:
+        OFF.difference_update(names)
+    else:
+        OFF.update(names)
     skinny.ENABLED, sampling.FUSED, fp8_moe.DISPATCH = ("skinny" not in OFF, "sampling" not in OFF,
                                                         "dispatch" not in OFF)
 
