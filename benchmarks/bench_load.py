@@ -47,6 +47,8 @@ import itertools
 import json
 import math
 import multiprocessing
+import os
+import platform
 import statistics
 import sys
 import time
@@ -207,10 +209,23 @@ def measured(r: Result) -> bool:
     return r.ttfa_ms is not None and r.rtf is not None
 
 
+def cpu_model() -> str:
+    """The host CPU's model name (Linux's /proc/cpuinfo), else its architecture."""
+    try:
+        names = [x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
+                 if x.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.machine()
+
+
 def _gpu(args: argparse.Namespace) -> dict:
+    """The GPU's peak memory, and the host's load over the last minute (the same code's runs vary between device
+    calls more than between settings: this says whether the host was busy)."""
+    host = {"host_loadavg_1m": round(os.getloadavg()[0], 2)}
     if not (torch.cuda.is_available() and args.device.startswith("cuda")):
-        return {}
-    return {"gpu_max_allocated_GiB": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+        return host
+    return host | {"gpu_max_allocated_GiB": round(torch.cuda.max_memory_allocated() / 2**30, 2),
             "gpu_max_reserved_GiB": round(torch.cuda.max_memory_reserved() / 2**30, 2)}
 
 
@@ -647,6 +662,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     threads, switch_s = torch.get_num_threads(), sys.getswitchinterval()
     torch.set_num_threads(args.threads)
     header["threads"] = args.threads
+    header["host_cpu"], header["host_cores"] = cpu_model(), os.cpu_count()
     use_triton(False, triton_off)  # read at each forward: the captures at the pipeline's start take it
     try:
         with Pipeline(program) as pipeline:

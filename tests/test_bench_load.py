@@ -44,6 +44,7 @@ def test_four_sessions_through_the_real_server(tmp_path: Path, capsys: pytest.Ca
     for key in ("underrun_sessions", "underrun_events", "underrun_ms", "short_replies", "device", "torch",
                 "dtype", "size", "params_B"):
         assert key in line, key
+    assert line["host_cpu"] and line["host_cores"] >= 1 and line["host_loadavg_1m"] >= 0
     assert (line["size"], line["device"], line["dtype"]) == ("tiny", "cpu", "float32")
     assert (line["decode_after_prefill"], line["urgent_s"], line["fed_s"]) == (True, 0.0, 0.1)  # the server's
     assert "ttfa_ms_p95" in proc.err  # the human table
