@@ -8,6 +8,8 @@ width. Padding rows and tokens write to a scratch slot that no sequence owns.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 
@@ -103,5 +105,18 @@ class DecodeKV:
 
 
 def rows(cache: PagedKVCache, keys: list[str], max_blocks: int) -> dict[str, np.ndarray]:
-    """Host values of the decode inputs: one new token of each sequence in `keys` (blocks reserved)."""
-    return prefill_rows(cache, [(key, 1) for key in keys], 1, max_blocks)
+    """Host values of the decode inputs: one new token of each sequence in `keys` (blocks reserved); as
+    `prefill_rows` with one token each, in a few array operations for all rows (a decode step's every row)."""
+    bs = cache.layout.block_size
+    seqs = [cache.seqs[key] for key in keys]
+    n = len(seqs)
+    lens = np.fromiter((s.length for s in seqs), np.int64, n)
+    counts = np.fromiter((len(s.blocks) for s in seqs), np.int64, n)
+    if n and (counts.max() > max_blocks or (lens // bs >= counts).any()):
+        bad = next(k for k, c, ln in zip(keys, counts, lens, strict=True) if c > max_blocks or ln // bs >= c)
+        raise ValueError(f"{bad}: its next token is not in a reserved block of the step's {max_blocks}")
+    table = np.zeros((n, max_blocks), dtype=np.int32)
+    table[np.arange(max_blocks)[None, :] < counts[:, None]] = np.fromiter(
+        itertools.chain.from_iterable(s.blocks for s in seqs), np.int32, int(counts.sum()))
+    write = table[np.arange(n), lens // bs].astype(np.int64) * bs + lens % bs
+    return {"positions": lens[:, None], "write_slots": write[:, None], "block_table": table, "seq_lens": lens + 1}

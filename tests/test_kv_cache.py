@@ -1,7 +1,9 @@
+import numpy as np
 import pytest
 import torch
 
 from models.common.layers import attention
+from pipelines import kv_views
 from pipelines.kv_cache import KVLayout, OutOfBlocks, PagedKVCache
 from tests.batch_kv import BatchKV
 
@@ -71,3 +73,27 @@ def test_batched_paged_attention_equals_dense_per_row():
         torch.testing.assert_close(out[r : r + 1, :n], ref, rtol=1e-5, atol=1e-6)
     assert view.positions[0].tolist() == [7, 8, 9] and view.positions[1, 0].item() == 2
     c.check()
+
+
+def test_decode_rows_equal_one_token_prefill_rows_and_refuse_an_unreserved_token():
+    """kv_views.rows (every decode step's host inputs, in array operations) gives what prefill_rows gives for one
+    token per sequence: lengths at, before and after block boundaries, tables of several widths, rows in any order."""
+    cache = PagedKVCache(KVLayout(num_layers=1, kv_heads=1, head_dim=4, num_blocks=64, block_size=4))
+    lengths = {"a": 0, "b": 3, "c": 4, "d": 5, "e": 15, "f": 16}
+    for key, n in lengths.items():
+        cache.reserve(key, n + 1)
+        cache.commit(key, n)
+    order = ["f", "a", "d", "c", "e", "b"]
+    got, want = kv_views.rows(cache, order, 6), kv_views.prefill_rows(cache, [(k, 1) for k in order], 1, 6)
+    assert set(got) == set(want)
+    for name in want:
+        assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name
+    assert list(got["seq_lens"]) == [lengths[k] + 1 for k in order]
+    assert {k: v.shape for k, v in kv_views.rows(cache, [], 6).items()} == {
+        "positions": (0, 1), "write_slots": (0, 1), "block_table": (0, 6), "seq_lens": (0,)}
+    cache.reserve("g", 4)
+    cache.commit("g", 4)  # its fifth token would need a block not reserved
+    with pytest.raises(ValueError, match="g: its next token"):
+        kv_views.rows(cache, ["a", "g"], 6)
+    with pytest.raises(ValueError, match="f: its next token"):
+        kv_views.rows(cache, ["f"], 4)  # five blocks in a table of four
