@@ -55,25 +55,27 @@ class PrefillKV:
 
 def prefill_rows(cache: PagedKVCache, rows: list[tuple[str, int]], tokens: int, max_blocks: int) -> dict:
     """Host values of the prefill inputs: rows = [(sequence, new tokens)], each after what is cached
-    (blocks reserved), padded to `tokens` (padding tokens write to the scratch slot)."""
+    (blocks reserved), padded to `tokens` (padding tokens write to the scratch slot). Array operations over all
+    rows: every decode step builds these for each of its rows."""
     bs = cache.layout.block_size
-    n_rows = len(rows)
-    pos = np.zeros((n_rows, tokens), dtype=np.int64)
-    write = np.full((n_rows, tokens), cache.scratch_slot, dtype=np.int64)
-    table = np.zeros((n_rows, max_blocks), dtype=np.int32)
-    lens = np.zeros(n_rows, dtype=np.int64)
-    for r, (key, n) in enumerate(rows):
-        seq = cache.seqs[key]
-        if len(seq.blocks) > max_blocks or n > tokens:
-            raise ValueError(f"{key}: {n} tokens over {len(seq.blocks)} blocks exceed the step's {tokens} tokens "
-                             f"over {max_blocks} blocks")
-        blocks = np.asarray(seq.blocks, dtype=np.int64)
-        pos[r] = seq.length + np.arange(tokens)
-        real = pos[r, :n]
-        write[r, :n] = blocks[real // bs] * bs + real % bs
-        table[r, : len(blocks)] = blocks
-        lens[r] = seq.length + n
-    return {"positions": pos, "write_slots": write, "block_table": table, "seq_lens": lens}
+    seqs = [cache.seqs[key] for key, _ in rows]
+    r = len(rows)
+    new = np.fromiter((n for _, n in rows), np.int64, r)
+    lens = np.fromiter((s.length for s in seqs), np.int64, r)
+    counts = np.fromiter((len(s.blocks) for s in seqs), np.int64, r)
+    bad = (counts > max_blocks) | (new > tokens) | ((new > 0) & ((lens + new - 1) // bs >= counts))
+    if bad.any():
+        i = int(bad.argmax())
+        raise ValueError(f"{rows[i][0]}: {new[i]} new tokens after {lens[i]} need reserved blocks within the step's "
+                         f"{tokens} tokens over {max_blocks} blocks")
+    table = np.zeros((r, max_blocks), dtype=np.int32)
+    table[np.arange(max_blocks)[None, :] < counts[:, None]] = np.fromiter(
+        itertools.chain.from_iterable(s.blocks for s in seqs), np.int32, int(counts.sum()))
+    pos = lens[:, None] + np.arange(tokens)
+    real = np.arange(tokens)[None, :] < new[:, None]
+    slots = table[np.arange(r)[:, None], np.where(real, pos // bs, 0)].astype(np.int64) * bs + pos % bs
+    return {"positions": pos, "write_slots": np.where(real, slots, cache.scratch_slot), "block_table": table,
+            "seq_lens": lens + new}
 
 
 def decode_inputs(max_blocks: int, scratch_slot: int) -> dict[str, Input]:
@@ -105,18 +107,5 @@ class DecodeKV:
 
 
 def rows(cache: PagedKVCache, keys: list[str], max_blocks: int) -> dict[str, np.ndarray]:
-    """Host values of the decode inputs: one new token of each sequence in `keys` (blocks reserved); as
-    `prefill_rows` with one token each, in a few array operations for all rows (a decode step's every row)."""
-    bs = cache.layout.block_size
-    seqs = [cache.seqs[key] for key in keys]
-    n = len(seqs)
-    lens = np.fromiter((s.length for s in seqs), np.int64, n)
-    counts = np.fromiter((len(s.blocks) for s in seqs), np.int64, n)
-    if n and (counts.max() > max_blocks or (lens // bs >= counts).any()):
-        bad = next(k for k, c, ln in zip(keys, counts, lens, strict=True) if c > max_blocks or ln // bs >= c)
-        raise ValueError(f"{bad}: its next token is not in a reserved block of the step's {max_blocks}")
-    table = np.zeros((n, max_blocks), dtype=np.int32)
-    table[np.arange(max_blocks)[None, :] < counts[:, None]] = np.fromiter(
-        itertools.chain.from_iterable(s.blocks for s in seqs), np.int32, int(counts.sum()))
-    write = table[np.arange(n), lens // bs].astype(np.int64) * bs + lens % bs
-    return {"positions": lens[:, None], "write_slots": write[:, None], "block_table": table, "seq_lens": lens + 1}
+    """Host values of the decode inputs: one new token of each sequence in `keys` (blocks reserved)."""
+    return prefill_rows(cache, [(key, 1) for key in keys], 1, max_blocks)

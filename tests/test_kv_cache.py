@@ -75,25 +75,34 @@ def test_batched_paged_attention_equals_dense_per_row():
     c.check()
 
 
-def test_decode_rows_equal_one_token_prefill_rows_and_refuse_an_unreserved_token():
-    """kv_views.rows (every decode step's host inputs, in array operations) gives what prefill_rows gives for one
-    token per sequence: lengths at, before and after block boundaries, tables of several widths, rows in any order."""
+def test_step_rows_name_each_tokens_slot_and_refuse_an_unreserved_token():
+    """kv_views.prefill_rows (and rows, its one-token form that every decode step builds) in array operations:
+    each row's real tokens write where PagedKVCache.slots puts them, padding tokens to the scratch slot; tables,
+    positions and lengths per row; lengths at, before and after block boundaries, rows in any order."""
     cache = PagedKVCache(KVLayout(num_layers=1, kv_heads=1, head_dim=4, num_blocks=64, block_size=4))
     lengths = {"a": 0, "b": 3, "c": 4, "d": 5, "e": 15, "f": 16}
     for key, n in lengths.items():
-        cache.reserve(key, n + 1)
+        cache.reserve(key, n + 6)
         cache.commit(key, n)
     order = ["f", "a", "d", "c", "e", "b"]
-    got, want = kv_views.rows(cache, order, 6), kv_views.prefill_rows(cache, [(k, 1) for k in order], 1, 6)
-    assert set(got) == set(want)
-    for name in want:
-        assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name
-    assert list(got["seq_lens"]) == [lengths[k] + 1 for k in order]
+    for new, tokens in (([1] * 6, 1), ([6, 1, 4, 5, 0, 3], 8)):
+        got = (kv_views.rows(cache, order, 7) if tokens == 1
+               else kv_views.prefill_rows(cache, list(zip(order, new, strict=True)), tokens, 7))
+        assert (got["block_table"].dtype, got["write_slots"].dtype) == (np.int32, np.int64)
+        for r, (key, n) in enumerate(zip(order, new, strict=True)):
+            length, blocks = lengths[key], cache.seqs[key].blocks
+            assert list(got["write_slots"][r, :n]) == cache.slots(key, length, length + n).tolist(), key
+            assert (got["write_slots"][r, n:] == cache.scratch_slot).all(), key
+            assert list(got["positions"][r]) == list(range(length, length + tokens))
+            assert list(got["block_table"][r]) == blocks + [0] * (7 - len(blocks))
+            assert got["seq_lens"][r] == length + n
     assert {k: v.shape for k, v in kv_views.rows(cache, [], 6).items()} == {
         "positions": (0, 1), "write_slots": (0, 1), "block_table": (0, 6), "seq_lens": (0,)}
     cache.reserve("g", 4)
     cache.commit("g", 4)  # its fifth token would need a block not reserved
-    with pytest.raises(ValueError, match="g: its next token"):
+    with pytest.raises(ValueError, match="g: 1 new tokens after 4 need reserved blocks"):
         kv_views.rows(cache, ["a", "g"], 6)
-    with pytest.raises(ValueError, match="f: its next token"):
-        kv_views.rows(cache, ["f"], 4)  # five blocks in a table of four
+    with pytest.raises(ValueError, match="f: 1 new tokens after 16"):
+        kv_views.rows(cache, ["f"], 5)  # six blocks in a table of five
+    with pytest.raises(ValueError, match="b: 9 new tokens"):
+        kv_views.prefill_rows(cache, [("b", 9)], 8, 7)  # more than the step's tokens
