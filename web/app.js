@@ -162,10 +162,13 @@ async function onClosed(e, opened, key) {
   activeResponse = turnStart = null;
   stopPlayback(false);
   if (!wanted) return;
-  if (!opened) { // the handshake failed: if the server answers HTTP, it refused the key
-    const up = await fetch('/health', { cache: 'no-store' }).then(() => true, () => false);
+  let status = 0;
+  if (!opened) { // the handshake failed: only a 401 for the same key over HTTP means the key is at fault
+    // (a server that was down and is up again answers by now: that is a retry, not a refusal)
+    const headers = key ? { Authorization: `Bearer ${key}` } : {};
+    status = await fetch('/v1/models', { cache: 'no-store', headers }).then((r) => r.status, () => 0);
     if (!wanted) return;
-    if (up) {
+    if (status === 401) {
       hangup('Not connected');
       return showError(key ? 'The server refused the API key: check it, then connect again.'
         : 'The server requires an API key: enter it, then connect again.');
@@ -175,7 +178,8 @@ async function onClosed(e, opened, key) {
     return;
   }
   const delay = backoffMs(attempt++);
-  const why = opened ? `connection closed${e.reason ? ` (${e.reason})` : ''}` : 'server unreachable';
+  const why = opened ? `connection closed${e.reason ? ` (${e.reason})` : ''}`
+    : status ? 'the connection failed' : 'server unreachable';
   setState('reconnecting', `${why[0].toUpperCase()}${why.slice(1)}; reconnecting in ${(delay / 1000).toFixed(1)} s…`);
   reconnectTimer = setTimeout(openSocket, delay);
 }
