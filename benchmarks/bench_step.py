@@ -2,8 +2,10 @@
 all-greedy batches) and whole talker frame (sampled with the served defaults), per bucket.
 
 For each batch size: eager time, CUDA-graph replay time (median of CUDA-event timings), host time of
-`prepare` (filling the static buffers), and graph == eager (greedy ids identical, float outputs within
-bf16 tolerance). Random weights, random KV contents over a fixed context. One JSON line.
+`prepare` (filling the static buffers), a whole runner call (inputs copied, replay, outputs cloned) alone and with
+a thread that keeps wanting the GIL (`call_ms_busy_gil`: the server's sockets' thread under load), and
+graph == eager (greedy ids identical, float outputs within bf16 tolerance). Random weights, random KV contents
+over a fixed context. One JSON line.
 
   python3 benchmarks/bench_step.py --batches 1,8,64 --context 1024 --out $OUT/step.json
 """
@@ -11,9 +13,12 @@ bf16 tolerance). Random weights, random KV contents over a fixed context. One JS
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -47,6 +52,27 @@ def timed(fn, reps: int) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return sorted(times)[len(times) // 2]
+
+
+@contextlib.contextmanager
+def busy_gil(switch_s: float = 1e-4) -> Iterator[None]:
+    """A thread that wants the GIL all the time (as the server's sockets' thread does under load), at the server's
+    switch interval: each torch call that lets the GIL go may then wait up to `switch_s` to get it back."""
+    stop, old = threading.Event(), sys.getswitchinterval()
+
+    def spin() -> None:
+        while not stop.is_set():
+            sum(range(200))
+
+    sys.setswitchinterval(switch_s)
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(old)
 
 
 def filled_cache(text_cfg, rows: int, context: int, dtype: torch.dtype, device: str) -> tuple[PagedKVCache, int]:
@@ -105,10 +131,17 @@ def bench_stage(name: str, step, runner: GraphRunner, cache: PagedKVCache, width
             runner(n, rows)
         torch.cuda.synchronize()
         call_ms = (time.perf_counter() - t1) * 1e3 / 20
+        with busy_gil():
+            t1 = time.perf_counter()
+            for _ in range(20):
+                runner(n, rows)
+            torch.cuda.synchronize()
+            busy_ms = (time.perf_counter() - t1) * 1e3 / 20
         if profile_dir and n in (batches[0], batches[-1]):
             profile(step, runner.views(b), Path(profile_dir) / f"profile_{name}_B{n}.txt")
         out[f"B{n}"] = {"eager_ms": round(timed(lambda b=b: step(runner.views(b)), max(3, reps // 5)), 2),
                         "graph_ms": round(timed(graph.replay, reps), 3), "call_ms": round(call_ms, 3),
+                        "call_ms_busy_gil": round(busy_ms, 3),
                         "prepare_host_ms": round(prep_ms, 3), "bucket": b, "ids_equal": exact, "rel_err": rel}
         print(name, n, out[f"B{n}"], file=sys.stderr, flush=True)
     return out

@@ -4,11 +4,16 @@ A step is a pure function of static buffers (allocated at the largest bucket; a 
 their front and pads the rest). With CUDA graphs on, each bucket is captured at start, largest first, into
 one shared pool, and a call replays it and clones the first n output rows; with graphs off the same buffers
 and padding run eagerly, so both paths compute the same thing.
+
+The inputs that come from the host live in one device buffer, written by one copy a call from a pinned staging
+buffer that numpy fills (rows and padding): every torch call lets the sockets' thread take the GIL, so a step's
+inputs cost one call, not three an input. Two staging buffers alternate, each reused only once its last copy ran.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -38,6 +43,36 @@ class Input:
     shape: tuple[int, ...]
     dtype: torch.dtype
     pad: float | int | bool = 0
+    on_device: bool = False  # its values come as device tensors (else from the host, packed into the one copy)
+
+    def nbytes(self, rows: int) -> int:
+        return rows * math.prod(self.shape) * self.dtype.itemsize
+
+
+ALIGN = 64  # bytes: each packed input starts here, so any dtype can view it
+
+
+@dataclass
+class Staging:
+    """Host memory laid out as the packed device buffer, an array view per input, and the event that marks its
+    last copy done."""
+
+    raw: torch.Tensor  # uint8, pinned on CUDA
+    arrays: dict[str, np.ndarray | torch.Tensor]  # numpy views; a torch view where numpy lacks the dtype (bfloat16)
+    copied: torch.cuda.Event | None = None  # (an event never recorded counts as done)
+
+    def put(self, name: str, n: int, b: int, value: torch.Tensor | np.ndarray | list | None,
+            pad: float | int | bool) -> None:
+        """Rows [0, n) of input `name` from `value` (None: they come by another copy), rows [n, b) padding."""
+        dst = self.arrays[name]
+        if value is None:
+            pass
+        elif isinstance(dst, torch.Tensor):
+            value = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
+            dst[:n].copy_(value.reshape(dst[:n].shape))
+        else:
+            dst[:n] = (value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)).reshape(dst[:n].shape)
+        dst[n:b] = pad
 
 
 class GraphRunner:
@@ -49,15 +84,39 @@ class GraphRunner:
         self.buckets = buckets
         self.spec = dict(inputs)
         top = buckets[-1]
+        offsets, size = {}, 0
+        for k, s in self.spec.items():
+            if not s.on_device:
+                offsets[k] = size
+                size += -(-s.nbytes(top) // ALIGN) * ALIGN
+        self.packed = torch.zeros(size, dtype=torch.uint8, device=device)  # the host inputs, one after another
         self.buffers: Tensors = {
-            k: torch.full((top, *s.shape), s.pad, dtype=s.dtype, device=device) for k, s in inputs.items()
+            k: self._packed_view(self.packed, offsets[k], s, top) if k in offsets else
+            torch.full((top, *s.shape), s.pad, dtype=s.dtype, device=device) for k, s in self.spec.items()
         }
+        for k in offsets:
+            self.buffers[k].fill_(self.spec[k].pad)
+        pin = self.device.type == "cuda" and size > 0
+        self.stagings = [self._staging(offsets, size, top, pin) for _ in range(2)]
+        self.turn = 0
         self.graphs_on = graphs and self.device.type == "cuda"
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensors]] = {}
         self.capture_s = 0.0
 
     def views(self, b: int) -> Tensors:
         return {k: v[:b] for k, v in self.buffers.items()}
+
+    @staticmethod
+    def _packed_view(raw: torch.Tensor, offset: int, s: Input, rows: int) -> torch.Tensor:
+        return raw[offset : offset + s.nbytes(rows)].view(s.dtype).view(rows, *s.shape)
+
+    def _staging(self, offsets: dict[str, int], size: int, top: int, pin: bool) -> Staging:
+        raw = torch.zeros(size, dtype=torch.uint8, pin_memory=pin)
+        arrays: dict[str, np.ndarray | torch.Tensor] = {}
+        for k, offset in offsets.items():
+            view = self._packed_view(raw, offset, self.spec[k], top)
+            arrays[k] = view if view.dtype == torch.bfloat16 else view.numpy()
+        return Staging(raw, arrays, torch.cuda.Event() if pin else None)
 
     def capture(self, pool: object | None = None) -> object | None:
         """Capture every bucket, largest first, sharing `pool` (returned for the next runner), on the current
@@ -89,20 +148,43 @@ class GraphRunner:
     def __call__(self, n: int, rows: Mapping[str, torch.Tensor | np.ndarray | list]) -> Tensors:
         """Run n real rows: `rows[name]` holds their values of input `name` (each input must be given)."""
         b = bucket_for(n, self.buckets)
+        missing = self.spec.keys() - rows.keys()
+        if missing:
+            raise ValueError(f"{self.name}: no values for input(s) {sorted(missing)}")
+        staging = self._next_staging()
+        on_device = []
         for k, value in rows.items():
-            dst = self.buffers[k][:n]
-            if isinstance(value, torch.Tensor):
-                dst.copy_(value.reshape(dst.shape), non_blocking=True)
-            else:
-                src = torch.as_tensor(np.asarray(value), dtype=dst.dtype).reshape(dst.shape)
-                dst.copy_(src.pin_memory() if self.device.type == "cuda" else src, non_blocking=True)
-        self._pad(n, b)
+            spec = self.spec[k]
+            if spec.on_device or isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                on_device.append((k, value))
+                value = None
+            if not spec.on_device:
+                staging.put(k, n, b, value, spec.pad)
+        if self.packed.numel():
+            self.packed.copy_(staging.raw, non_blocking=True)
+            if staging.copied is not None:
+                staging.copied.record()
+        for k, value in on_device:  # after the packed copy, in stream order
+            dst = self.buffers[k]
+            src = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value), dtype=dst.dtype)
+            dst[:n].copy_(src.reshape(dst[:n].shape), non_blocking=True)
+            if n < b and self.spec[k].on_device:  # a host input's padding came with the packed copy
+                dst[n:b].fill_(self.spec[k].pad)
         if b in self.graphs:
             graph, out = self.graphs[b]
             graph.replay()
         else:
             out = self.step(self.views(b))
         return {k: v[:n].clone() for k, v in out.items()}
+
+    def _next_staging(self) -> Staging:
+        """The staging buffer whose copy ran longest ago, once that copy is done (it is, but for a step that never
+        synced)."""
+        staging = self.stagings[self.turn]
+        self.turn = 1 - self.turn
+        if staging.copied is not None:
+            staging.copied.synchronize()
+        return staging
 
     def _pad(self, n: int, b: int) -> None:
         if n < b:

@@ -3,6 +3,7 @@ they equal the variable-shape path, and padding a batch to its bucket changes no
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,7 +11,7 @@ from models.common.frame_step import FrameStep
 from models.qwen3_omni.forward import ThinkerDecode
 from models.qwen3_omni.model import load_model
 from pipelines import kv_views
-from pipelines.graphs import GraphRunner, bucket_for
+from pipelines.graphs import GraphRunner, Input, bucket_for
 from pipelines.kv_cache import KVLayout, PagedKVCache
 from pipelines.paged_attention import paged_decode_attention
 from pipelines.sampling import Sampler, SamplingParams, sampling_rows
@@ -134,3 +135,48 @@ def test_talker_frame_equals_the_variable_shape_path_and_padding_changes_nothing
         alone = run([i])
         assert alone["codes"].tolist() == [together["codes"][i].tolist()]
     cache.check()
+
+
+def test_packed_inputs_take_each_calls_rows_and_pad_the_rest():
+    """The host inputs travel in one packed copy from alternating staging buffers: every call's buffers hold
+    exactly its rows and the padding, whatever an earlier call left in either staging buffer; a device-fed input
+    gets its own copy and padding; an input left out is an error, not a stale row."""
+    spec = {"ids": Input((2,), torch.long, -1), "table": Input((3,), torch.int32, 7),
+            "flag": Input((), torch.bool, True), "temp": Input((), torch.float32, 1.0),
+            "bf": Input((2,), torch.bfloat16, 0.5), "x": Input((4,), torch.float32, 0.0, on_device=True)}
+    seen: list[dict[str, torch.Tensor]] = []
+    runner = GraphRunner("packed", lambda b: seen.append({k: v.clone() for k, v in b.items()}) or {"y": b["x"]},
+                         spec, torch.device("cpu"), buckets=(4, 8))
+    g = torch.Generator().manual_seed(0)
+    for n in (7, 3, 1, 4, 2):  # shrinking within a bucket: stale rows would show in the padding
+        rows = {"ids": torch.randint(0, 99, (n, 2), generator=g).numpy(),
+                "table": torch.randint(0, 99, (n, 3), generator=g).tolist(),
+                "flag": [bool(i % 2) for i in range(n)], "temp": torch.rand(n, generator=g),
+                "bf": torch.randn(n, 2, generator=g).bfloat16(), "x": torch.randn(n, 4, generator=g)}
+        runner(n, rows)
+        got, b = seen[-1], bucket_for(n, (4, 8))
+        for k, s in spec.items():
+            want = torch.as_tensor(np.asarray(rows[k])) if not isinstance(rows[k], torch.Tensor) else rows[k]
+            assert torch.equal(got[k][:n], want.to(s.dtype).reshape(got[k][:n].shape)), (n, k)
+            assert torch.equal(got[k][n:b], torch.full_like(got[k][n:b], s.pad)), (n, k)
+    with pytest.raises(ValueError, match=r"no values for input\(s\) \['temp'\]"):
+        runner(1, {k: v[:1] for k, v in rows.items() if k != "temp"})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_packed_inputs_survive_calls_issued_ahead_of_the_gpu():
+    """With the GPU kept busy between calls, the host runs many calls ahead of it: a staging buffer is refilled
+    only after the copy that read it ran, so every call's output holds its own rows (graphs on)."""
+    runner = GraphRunner("ahead", lambda b: {"y": b["v"] * 1}, {"v": Input((4096,), torch.long, -1)},
+                         torch.device("cuda"), buckets=(2, 4), graphs=True)
+    runner.capture()
+    outs, want = [], []
+    for i in range(40):
+        n = 1 + i % 4
+        rows = np.arange(n * 4096).reshape(n, 4096) + i * 1_000_000
+        torch.cuda._sleep(2_000_000)  # about a millisecond of GPU work ahead of each copy
+        outs.append(runner(n, {"v": rows})["y"])
+        want.append(rows)
+    torch.cuda.synchronize()
+    for i, (out, rows) in enumerate(zip(outs, want, strict=True)):
+        assert np.array_equal(out.cpu().numpy(), rows), f"call {i} read another call's rows"

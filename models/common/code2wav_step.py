@@ -56,7 +56,7 @@ class Code2WavStep:
         self.device = device = torch.device(sc.device)
         self.streams = s = Code2WavSlots(code2wav, slots, device, dtype)
         q = code2wav.cfg.num_quantizers
-        inputs = {"slot": Input((), torch.long, s.scratch), "codes": Input((q,), torch.long, 0)}
+        inputs = {"slot": Input((), torch.long, s.scratch), "codes": Input((q,), torch.long, 0, on_device=True)}
         self.later = GraphRunner("code2wav", lambda b: {"pcm": s.step(b["slot"], b["codes"])}, inputs, device,
                                  sc.buckets, sc.graphs)
         self.first = GraphRunner("code2wav_first", lambda b: {"pcm": s.step(b["slot"], b["codes"], first=True)},

@@ -32,8 +32,9 @@ class FrameStep:
     min_frames: int = 0
 
     def inputs(self, dtype: torch.dtype, max_blocks: int, scratch_slot: int, scratch_row: int) -> dict[str, Input]:
-        return {"x": Input((1, self.talker.hidden_size), dtype), **decode_inputs(max_blocks, scratch_slot),
-                **self.sampling_inputs(scratch_row), "no_eos": Input((), torch.bool, False)}
+        x = Input((1, self.talker.hidden_size), dtype, on_device=True)
+        return {"x": x, **decode_inputs(max_blocks, scratch_slot), **self.sampling_inputs(scratch_row),
+                "no_eos": Input((), torch.bool, False)}
 
     def sampling_inputs(self, scratch_row: int) -> dict[str, Input]:
         return {**sampling_inputs("t"), **sampling_inputs("p"), "frame": Input((), torch.long, 0),

@@ -82,7 +82,7 @@ class Prefills:
 def prefill_step_inputs(hidden: int, dtype: torch.dtype, tokens: int, blocks: int,
                         cache: PagedKVCache) -> dict[str, Input]:
     """A prefill step's inputs per sequence (row): its new tokens and what it samples from its last one."""
-    return {"x": Input((tokens, hidden), dtype), **kv_views.prefill_inputs(tokens, blocks, cache),
+    return {"x": Input((tokens, hidden), dtype, on_device=True), **kv_views.prefill_inputs(tokens, blocks, cache),
             "last": Input((), torch.long, 0), "no_eos": Input((), torch.bool, False)}
 
 

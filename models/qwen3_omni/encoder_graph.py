@@ -21,7 +21,8 @@ class EncoderGraph:
         self.tower = tower
         self.chunk_tokens = tower.chunk_tokens
         w = tower.window_tokens(self.chunk_tokens)
-        inputs = {"x": Input((w, cfg.d_model), dtype), "mask": Input((w,), torch.bool, True)}
+        inputs = {"x": Input((w, cfg.d_model), dtype, on_device=True),
+                  "mask": Input((w,), torch.bool, True, on_device=True)}
         self.runner = GraphRunner("audio_encoder", lambda b: {"out": tower.transform_grid(b["x"], b["mask"])},
                                   inputs, device, BUCKETS, graphs)
 

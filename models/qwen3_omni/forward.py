@@ -32,8 +32,8 @@ class ThinkerDecode:
 
     def inputs(self, dtype: torch.dtype, max_blocks: int, scratch_slot: int) -> dict[str, Input]:
         h = self.model.cfg.thinker.text.hidden_size
-        return {"x": Input((1, h), dtype), **decode_inputs(max_blocks, scratch_slot), **sampling_inputs("s"),
-                "step": Input((), torch.long), "no_eos": Input((), torch.bool, False)}
+        return {"x": Input((1, h), dtype, on_device=True), **decode_inputs(max_blocks, scratch_slot),
+                **sampling_inputs("s"), "step": Input((), torch.long), "no_eos": Input((), torch.bool, False)}
 
     def __call__(self, b: Tensors) -> Tensors:
         kv = DecodeKV(self.cache, b)
