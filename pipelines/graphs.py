@@ -90,6 +90,7 @@ class GraphRunner:
                 offsets[k] = size
                 size += -(-s.nbytes(top) // ALIGN) * ALIGN
         self.packed = torch.zeros(size, dtype=torch.uint8, device=device)  # the host inputs, one after another
+        self.packed_bytes = size
         self.buffers: Tensors = {
             k: self._packed_view(self.packed, offsets[k], s, top) if k in offsets else
             torch.full((top, *s.shape), s.pad, dtype=s.dtype, device=device) for k, s in self.spec.items()
@@ -160,10 +161,10 @@ class GraphRunner:
                 value = None
             if not spec.on_device:
                 staging.put(k, n, b, value, spec.pad)
-        if self.packed.numel():
+        if self.packed_bytes:
             self.packed.copy_(staging.raw, non_blocking=True)
             if staging.copied is not None:
-                staging.copied.record()
+                staging.copied.record(torch.cuda.current_stream(self.device))  # the copy's stream (cuda:N too)
         for k, value in on_device:  # after the packed copy, in stream order
             dst = self.buffers[k]
             src = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value), dtype=dst.dtype)

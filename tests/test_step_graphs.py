@@ -3,6 +3,8 @@ they equal the variable-shape path, and padding a batch to its bucket changes no
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -180,3 +182,29 @@ def test_packed_inputs_survive_calls_issued_ahead_of_the_gpu():
     torch.cuda.synchronize()
     for i, (out, rows) in enumerate(zip(outs, want, strict=True)):
         assert np.array_equal(out.cpu().numpy(), rows), f"call {i} read another call's rows"
+
+
+def test_a_call_costs_a_few_torch_calls_however_many_host_inputs():
+    """Each torch call lets the GIL go (a busy sockets' thread may keep it): 18 host inputs and a device-fed one
+    take one packed copy, the device input's copy and padding, and the output's clone, not calls per input."""
+    spec = {f"i{k}": Input((), torch.float32, 0.0) for k in range(16)} | {
+        "table": Input((8,), torch.int32, 0), "flag": Input((), torch.bool, False),
+        "x": Input((1, 4), torch.float32, on_device=True)}
+    runner = GraphRunner("few", lambda b: {"y": b["x"][:, 0, 0] + b["i0"]}, spec, torch.device("cpu"))
+    rows = {f"i{k}": np.ones(5, np.float32) for k in range(16)} | {
+        "table": np.zeros((5, 8), np.int32), "flag": [True] * 5, "x": torch.ones(5, 1, 4)}
+    calls: list[str] = []
+
+    def count(frame, event, arg):
+        if event == "c_call" and (getattr(arg, "__module__", None) or "").startswith("torch") or \
+                event == "c_call" and isinstance(getattr(arg, "__self__", None), torch.Tensor):
+            calls.append(getattr(arg, "__qualname__", repr(arg)))
+
+    runner.step = lambda b, step=runner.step: (sys.setprofile(None), step(b), sys.setprofile(count))[1]
+    sys.setprofile(count)
+    try:
+        out = runner(5, rows)
+    finally:
+        sys.setprofile(None)
+    assert torch.equal(out["y"], torch.full((5,), 2.0))
+    assert len(calls) <= 5, calls

@@ -1,0 +1,113 @@
+"""Torch calls the engine thread makes outside the graph runners' steps (what a CUDA graph replays), per runner call.
+
+Each such call lets the GIL go, and under load the sockets' thread may keep it up to the switch interval before
+the engine gets it back: the count is a step's exposure to that wait. The tiny model on CPU (graphs off; the steps
+themselves are not counted), `--turns` turns at once, each to its limits:
+
+    python benchmarks/count_host_calls.py --turns 8 --frames 12
+
+Prints the calls per runner call and the functions that made the most; `--json` one line instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from models.qwen3_omni.placement import PipelineConfig  # noqa: E402
+from models.qwen3_omni.program import build_pipeline  # noqa: E402
+from pipelines import graphs  # noqa: E402
+from pipelines.types import GenerationOptions, Message, Turn  # noqa: E402
+
+ENGINE = "omni-engine"  # pipelines/pipeline.py's thread
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.on, self.in_step, self.runner_calls = False, 0, 0
+        self.by_caller: collections.Counter[str] = collections.Counter()
+
+    def profile(self, frame: FrameType, event: str, arg: Any) -> None:
+        if not self.on or self.in_step or event != "c_call" or threading.current_thread().name != ENGINE:
+            return
+        module = getattr(arg, "__module__", None) or ""
+        if module.startswith("torch") or isinstance(getattr(arg, "__self__", None), torch.Tensor):
+            code = frame.f_code
+            self.by_caller[f"{Path(code.co_filename).name}:{code.co_name}"] += 1
+
+    def wrap(self) -> None:
+        """Leave the steps uncounted and count the runner calls."""
+        counter, init, call = self, graphs.GraphRunner.__init__, graphs.GraphRunner.__call__
+
+        def counted_init(runner: graphs.GraphRunner, name: str, step: Any, *args: Any, **kwargs: Any) -> None:
+            def uncounted(b: graphs.Tensors) -> graphs.Tensors:
+                counter.in_step += 1
+                try:
+                    return step(b)
+                finally:
+                    counter.in_step -= 1
+
+            init(runner, name, uncounted, *args, **kwargs)
+
+        def counted_call(runner: graphs.GraphRunner, *args: Any, **kwargs: Any) -> graphs.Tensors:
+            counter.runner_calls += counter.on
+            return call(runner, *args, **kwargs)
+
+        graphs.GraphRunner.__init__, graphs.GraphRunner.__call__ = counted_init, counted_call
+
+
+def noise(seconds: float, seed: int) -> torch.Tensor:
+    return torch.randn(int(seconds * 16000), generator=torch.Generator().manual_seed(seed)) * 0.1
+
+
+async def turns(pipeline: Any, prefix: str, n: int, opts: GenerationOptions) -> None:
+    async def one(i: int) -> None:
+        async for _ in pipeline.submit(Turn(f"{prefix}{i}", [Message("user", "", noise(1.0, i))], opts)):
+            pass
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--turns", type=int, default=8, help="turns at once")
+    ap.add_argument("--frames", type=int, default=12, help="codec frames (and text tokens) a reply")
+    ap.add_argument("--top", type=int, default=15, help="callers to list")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    counter = Counter()
+    counter.wrap()
+    threading.setprofile(counter.profile)
+    opts = GenerationOptions(max_text_tokens=args.frames, max_frames=args.frames, ignore_eos=True)
+    with build_pipeline(PipelineConfig()) as pipeline:
+        asyncio.run(turns(pipeline, "warm", args.turns, opts))
+        counter.on = True
+        asyncio.run(turns(pipeline, "s", args.turns, opts))
+        counter.on = False
+    total = sum(counter.by_caller.values())
+    line = {"turns": args.turns, "frames": args.frames, "torch_calls": total, "runner_calls": counter.runner_calls,
+            "per_runner_call": round(total / max(1, counter.runner_calls), 1),
+            "callers": dict(counter.by_caller.most_common(args.top))}
+    if args.json:
+        print(json.dumps(line))
+        return
+    print(f"{total} torch calls outside the steps, {counter.runner_calls} runner calls: "
+          f"{line['per_runner_call']} a call")
+    for caller, n in line["callers"].items():
+        print(f"{n:7d}  {caller}")
+
+
+if __name__ == "__main__":
+    main()
