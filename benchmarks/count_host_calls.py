@@ -6,7 +6,9 @@ themselves are not counted), `--turns` turns at once, each to its limits:
 
     python benchmarks/count_host_calls.py --turns 8 --frames 12
 
-Prints the calls per runner call and the functions that made the most; `--json` one line instead.
+Prints the calls per runner call and the functions that made the most; `--json` one line instead. Then one runner
+call of 26 rows and 18 host inputs timed alone and beside a thread that always wants the GIL (bench_step's
+`busy_gil`, at the server's 0.1 ms switch interval), the median of `--reps` calls.
 """
 
 from __future__ import annotations
@@ -17,20 +19,25 @@ import collections
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_step import busy_gil  # noqa: E402
 from models.qwen3_omni.placement import PipelineConfig  # noqa: E402
 from models.qwen3_omni.program import build_pipeline  # noqa: E402
 from pipelines import graphs  # noqa: E402
 from pipelines.types import GenerationOptions, Message, Turn  # noqa: E402
 
 ENGINE = "omni-engine"  # pipelines/pipeline.py's thread
+# a checkout before the packed inputs (a90b0be) has no Input.on_device: this file runs there too, for the A/B
+DEVICE_FED = {"on_device": True} if "on_device" in graphs.Input.__dataclass_fields__ else {}
 
 
 class Counter:
@@ -79,11 +86,36 @@ async def turns(pipeline: Any, prefix: str, n: int, opts: GenerationOptions) -> 
     await asyncio.gather(*(one(i) for i in range(n)))
 
 
+def call_us(reps: int) -> dict[str, float]:
+    """One runner call (18 host inputs, a device-fed one, 26 rows) alone and beside a busy thread, microseconds."""
+    spec = {f"i{k}": graphs.Input((), torch.float32) for k in range(16)} | {
+        "table": graphs.Input((64,), torch.int32), "flag": graphs.Input((), torch.bool),
+        "x": graphs.Input((1, 64), torch.float32, **DEVICE_FED)}
+    runner = graphs.GraphRunner("probe", lambda b: {"y": b["x"].sum(-1)}, spec, torch.device("cpu"))
+    n = 26
+    rows = {f"i{k}": np.ones(n, np.float32) for k in range(16)} | {
+        "table": np.zeros((n, 64), np.int32), "flag": [True] * n, "x": torch.ones(n, 1, 64)}
+
+    def median_us() -> float:
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            runner(n, rows)
+            times.append((time.perf_counter() - t) * 1e6)
+        return round(sorted(times)[reps // 2], 1)
+
+    alone = median_us()
+    with busy_gil():
+        busy = median_us()
+    return {"call_us": alone, "call_us_busy_gil": busy}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--turns", type=int, default=8, help="turns at once")
     ap.add_argument("--frames", type=int, default=12, help="codec frames (and text tokens) a reply")
     ap.add_argument("--top", type=int, default=15, help="callers to list")
+    ap.add_argument("--reps", type=int, default=2000, help="timed runner calls, each way")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -100,6 +132,8 @@ def main() -> None:
     line = {"turns": args.turns, "frames": args.frames, "torch_calls": total, "runner_calls": counter.runner_calls,
             "per_runner_call": round(total / max(1, counter.runner_calls), 1),
             "callers": dict(counter.by_caller.most_common(args.top))}
+    threading.setprofile(None)
+    line |= call_us(args.reps)
     if args.json:
         print(json.dumps(line))
         return
@@ -107,6 +141,8 @@ def main() -> None:
           f"{line['per_runner_call']} a call")
     for caller, n in line["callers"].items():
         print(f"{n:7d}  {caller}")
+    print(f"one runner call (26 rows, 18 host inputs): {line['call_us']} us alone, {line['call_us_busy_gil']} us "
+          "beside a thread that always wants the GIL")
 
 
 if __name__ == "__main__":
