@@ -71,7 +71,9 @@ class Staging:
             value = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
             dst[:n].copy_(value.reshape(dst[:n].shape))
         else:
-            dst[:n] = (value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)).reshape(dst[:n].shape)
+            if isinstance(value, torch.Tensor):  # (numpy has no bfloat16)
+                value = (value.float() if value.dtype == torch.bfloat16 else value).numpy()
+            dst[:n] = np.asarray(value).reshape(dst[:n].shape)
         dst[n:b] = pad
 
 

@@ -153,7 +153,7 @@ def test_packed_inputs_take_each_calls_rows_and_pad_the_rest():
     for n in (7, 3, 1, 4, 2):  # shrinking within a bucket: stale rows would show in the padding
         rows = {"ids": torch.randint(0, 99, (n, 2), generator=g).numpy(),
                 "table": torch.randint(0, 99, (n, 3), generator=g).tolist(),
-                "flag": [bool(i % 2) for i in range(n)], "temp": torch.rand(n, generator=g),
+                "flag": [bool(i % 2) for i in range(n)], "temp": torch.rand(n, generator=g).bfloat16(),
                 "bf": torch.randn(n, 2, generator=g).bfloat16(), "x": torch.randn(n, 4, generator=g)}
         runner(n, rows)
         got, b = seen[-1], bucket_for(n, (4, 8))
