@@ -99,8 +99,8 @@ class GraphRunner:
         }
         for k in offsets:
             self.buffers[k].fill_(self.spec[k].pad)
-        pin = self.device.type == "cuda" and size > 0
-        self.stagings = [self._staging(offsets, size, top, pin) for _ in range(2)]
+        self.offsets, self.top = offsets, top
+        self.stagings: list[Staging | None] = [None, None]  # made at first use (a one-off eager runner needs one)
         self.turn = 0
         self.graphs_on = graphs and self.device.type == "cuda"
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensors]] = {}
@@ -113,11 +113,12 @@ class GraphRunner:
     def _packed_view(raw: torch.Tensor, offset: int, s: Input, rows: int) -> torch.Tensor:
         return raw[offset : offset + s.nbytes(rows)].view(s.dtype).view(rows, *s.shape)
 
-    def _staging(self, offsets: dict[str, int], size: int, top: int, pin: bool) -> Staging:
-        raw = torch.zeros(size, dtype=torch.uint8, pin_memory=pin)
+    def _staging(self) -> Staging:
+        pin = self.device.type == "cuda" and self.packed_bytes > 0
+        raw = torch.zeros(self.packed_bytes, dtype=torch.uint8, pin_memory=pin)
         arrays: dict[str, np.ndarray | torch.Tensor] = {}
-        for k, offset in offsets.items():
-            view = self._packed_view(raw, offset, self.spec[k], top)
+        for k, offset in self.offsets.items():
+            view = self._packed_view(raw, offset, self.spec[k], self.top)
             arrays[k] = view if view.dtype == torch.bfloat16 else view.numpy()
         return Staging(raw, arrays, torch.cuda.Event() if pin else None)
 
@@ -184,6 +185,8 @@ class GraphRunner:
         """The staging buffer whose copy ran longest ago, once that copy is done (it is, but for a step that never
         synced)."""
         staging = self.stagings[self.turn]
+        if staging is None:
+            staging = self.stagings[self.turn] = self._staging()
         self.turn = 1 - self.turn
         if staging.copied is not None:
             staging.copied.synchronize()
