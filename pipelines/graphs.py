@@ -65,12 +65,10 @@ class Staging:
             pad: float | int | bool) -> None:
         """Rows [0, n) of input `name` from `value` (None: they come by another copy), rows [n, b) padding."""
         dst = self.arrays[name]
-        if value is None:
-            pass
-        elif isinstance(dst, torch.Tensor):
+        if isinstance(dst, torch.Tensor) and value is not None:
             value = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
             dst[:n].copy_(value.reshape(dst[:n].shape))
-        else:
+        elif value is not None:
             if isinstance(value, torch.Tensor):  # (numpy has no bfloat16)
                 value = (value.float() if value.dtype == torch.bfloat16 else value).numpy()
             dst[:n] = np.asarray(value).reshape(dst[:n].shape)
@@ -95,11 +93,10 @@ class GraphRunner:
         self.packed_bytes = size
         self.buffers: Tensors = {
             k: self._packed_view(self.packed, offsets[k], s, top) if k in offsets else
-            torch.full((top, *s.shape), s.pad, dtype=s.dtype, device=device) for k, s in self.spec.items()
+            torch.empty((top, *s.shape), dtype=s.dtype, device=device) for k, s in self.spec.items()
         }
-        for k in offsets:
-            self.buffers[k].fill_(self.spec[k].pad)
-        self.offsets, self.top = offsets, top
+        self._pad(0, top)
+        self.offsets = offsets  # where each host input sits in `packed` (and in a staging buffer)
         self.stagings: list[Staging | None] = [None, None]  # made at first use (a one-off eager runner needs one)
         self.turn = 0
         self.graphs_on = graphs and self.device.type == "cuda"
@@ -118,7 +115,7 @@ class GraphRunner:
         raw = torch.zeros(self.packed_bytes, dtype=torch.uint8, pin_memory=pin)
         arrays: dict[str, np.ndarray | torch.Tensor] = {}
         for k, offset in self.offsets.items():
-            view = self._packed_view(raw, offset, self.spec[k], self.top)
+            view = self._packed_view(raw, offset, self.spec[k], self.buckets[-1])
             arrays[k] = view if view.dtype == torch.bfloat16 else view.numpy()
         return Staging(raw, arrays, torch.cuda.Event() if pin else None)
 
