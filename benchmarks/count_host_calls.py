@@ -6,7 +6,8 @@ themselves are not counted), `--turns` turns at once, each to its limits:
 
     python benchmarks/count_host_calls.py --turns 8 --frames 12
 
-Prints the calls per runner call and the functions that made the most; `--json` one line instead. Then one runner
+Prints the calls per runner call and the functions that made the most; `--aten` counts aten ops instead, by op
+(operators and indexing too, which a Python profile cannot see); `--json` one line instead. Then one runner
 call of 26 rows and 18 host inputs timed alone and beside a thread that always wants the GIL (bench_step's
 `busy_gil`, at the server's 0.1 ms switch interval), the median of `--reps` calls.
 """
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -33,6 +35,7 @@ from benchmarks.bench_step import busy_gil  # noqa: E402
 from models.qwen3_omni.placement import PipelineConfig  # noqa: E402
 from models.qwen3_omni.program import build_pipeline  # noqa: E402
 from pipelines import graphs  # noqa: E402
+from pipelines import pipeline as pipeline_module  # noqa: E402
 from pipelines.types import GenerationOptions, Message, Turn  # noqa: E402
 
 ENGINE = "omni-engine"  # pipelines/pipeline.py's thread
@@ -44,6 +47,7 @@ class Counter:
     def __init__(self) -> None:
         self.on, self.in_step, self.runner_calls = False, 0, 0
         self.by_caller: collections.Counter[str] = collections.Counter()
+        self.aten: collections.Counter[str] = collections.Counter()  # aten op -> times, outside the steps
 
     def profile(self, frame: FrameType, event: str, arg: Any) -> None:
         if not self.on or self.in_step or event != "c_call" or threading.current_thread().name != ENGINE:
@@ -72,6 +76,39 @@ class Counter:
             return call(runner, *args, **kwargs)
 
         graphs.GraphRunner.__init__, graphs.GraphRunner.__call__ = counted_init, counted_call
+
+    def wrap_aten(self) -> None:
+        """Count aten ops in the engine thread (a dispatch mode is per thread: entered in it); a graphed step's
+        slicing of its buffers (`views`, eager only) counts as the step."""
+        counter, loop, views = self, pipeline_module.Pipeline._loop, graphs.GraphRunner.views
+
+        def counted_loop(pipeline: Any) -> None:
+            with AtenOps(counter):
+                loop(pipeline)
+
+        def uncounted_views(runner: graphs.GraphRunner, b: int) -> graphs.Tensors:
+            counter.in_step += 1
+            try:
+                return views(runner, b)
+            finally:
+                counter.in_step -= 1
+
+        pipeline_module.Pipeline._loop, graphs.GraphRunner.views = counted_loop, uncounted_views
+
+
+class AtenOps(TorchDispatchMode):
+    """Counts the aten ops the engine thread runs outside the steps, operators and indexing included: a Python
+    profile sees only calls through functions (`a + b`, `t[i]` are invisible to it)."""
+
+    def __init__(self, counter: Counter) -> None:
+        super().__init__()
+        self.counter = counter
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        c = self.counter
+        if c.on and not c.in_step:
+            c.aten[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
 
 
 def noise(seconds: float, seed: int) -> torch.Tensor:
@@ -114,33 +151,38 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--turns", type=int, default=8, help="turns at once")
     ap.add_argument("--frames", type=int, default=12, help="codec frames (and text tokens) a reply")
-    ap.add_argument("--top", type=int, default=15, help="callers to list")
+    ap.add_argument("--top", type=int, default=15, help="callers (or aten ops) to list")
     ap.add_argument("--reps", type=int, default=2000, help="timed runner calls, each way")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--aten", action="store_true",
+                    help="count aten ops instead (operators and indexing too: what a Python profile cannot see)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     counter = Counter()
     counter.wrap()
-    threading.setprofile(counter.profile)
+    if args.aten:
+        counter.wrap_aten()
+    else:
+        threading.setprofile(counter.profile)
     opts = GenerationOptions(max_text_tokens=args.frames, max_frames=args.frames, ignore_eos=True)
     with build_pipeline(PipelineConfig()) as pipeline:
         asyncio.run(turns(pipeline, "warm", args.turns, opts))
         counter.on = True
         asyncio.run(turns(pipeline, "s", args.turns, opts))
         counter.on = False
-    total = sum(counter.by_caller.values())
-    line = {"turns": args.turns, "frames": args.frames, "torch_calls": total, "runner_calls": counter.runner_calls,
-            "per_runner_call": round(total / max(1, counter.runner_calls), 1),
-            "callers": dict(counter.by_caller.most_common(args.top))}
+    kind, counts = ("aten ops", counter.aten) if args.aten else ("torch calls", counter.by_caller)
+    total = sum(counts.values())
+    line = {"turns": args.turns, "frames": args.frames, "counted": kind, "calls": total,
+            "runner_calls": counter.runner_calls, "per_runner_call": round(total / max(1, counter.runner_calls), 1),
+            "top": dict(counts.most_common(args.top))}
     threading.setprofile(None)
     line |= call_us(args.reps)
     if args.json:
         print(json.dumps(line))
         return
-    print(f"{total} torch calls outside the steps, {counter.runner_calls} runner calls: "
-          f"{line['per_runner_call']} a call")
-    for caller, n in line["callers"].items():
-        print(f"{n:7d}  {caller}")
+    print(f"{total} {kind} outside the steps, {counter.runner_calls} runner calls: {line['per_runner_call']} a call")
+    for name, n in line["top"].items():
+        print(f"{n:7d}  {name}")
     print(f"one runner call (26 rows, 18 host inputs): {line['call_us']} us alone, {line['call_us_busy_gil']} us "
           "beside a thread that always wants the GIL")
 

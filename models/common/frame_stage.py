@@ -116,8 +116,9 @@ class FrameStage:
 
     def _commit(self, works: list[FrameWork], out: Tensors) -> None:
         rows = torch.cat((out["codes"], out["bad"][:, None].to(out["codes"].dtype)), dim=1).tolist()  # one sync
-        for i, (w, (*codes, bad)) in enumerate(zip(works, rows, strict=True)):
+        for w, (*codes, bad), row, embed_sum in zip(works, rows, out["codes"].unbind(), out["embed_sum"].unbind(),
+                                                    strict=True):
             if bad:
                 w.fail("internal_error", f"talker: {NAN_MESSAGE}")
                 continue
-            w.next_embed = w.turn.on_frame(codes, out["codes"][i], out["embed_sum"][i], self.eos)
+            w.next_embed = w.turn.on_frame(codes, row, embed_sum, self.eos)

@@ -20,7 +20,7 @@ class Rows:
             if end <= start:
                 break
             lo = max(0, chunk.shape[0] - (end - start))
-            picked.append(chunk[lo:])
+            picked.append(chunk[lo:] if lo else chunk)
             end -= chunk.shape[0]
         if len(picked) == 1:
             return picked[0]  # a view: the chunks are never written in place

@@ -77,11 +77,12 @@ class ThinkerStep:
 
     def _commit(self, works: list[ThinkerWork], out: Tensors) -> None:
         ids = torch.where(out["bad"], -1, out["ids"]).tolist()  # the step's one host sync
-        for i, (w, token) in enumerate(zip(works, ids, strict=True)):
+        embeds, projected = out["embeds"].unbind(), out["projected"].unbind() if self.speaks else [None] * len(ids)
+        for w, token, embed, row in zip(works, ids, embeds, projected, strict=True):
             if token < 0:
                 w.fail("internal_error", f"thinker: {NAN_MESSAGE}")
                 continue
-            w.turn.on_token(token, out["embeds"][i], out["projected"][i] if self.speaks else None)
+            w.turn.on_token(token, embed, row)
 
     def _talker_user_rows(self, w: ThinkerWork, past: int, n: int, x: torch.Tensor, captured: torch.Tensor) -> None:
         """Talker rows for the user-turn positions among the ones just fed (once per position)."""
