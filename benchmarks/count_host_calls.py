@@ -21,6 +21,7 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -57,19 +58,23 @@ class Counter:
             code = frame.f_code
             self.by_caller[f"{Path(code.co_filename).name}:{code.co_name}"] += 1
 
+    def uncounted(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """`fn`, its torch calls counted as a step's (not counted)."""
+        def call(*args: Any) -> Any:
+            self.in_step += 1
+            try:
+                return fn(*args)
+            finally:
+                self.in_step -= 1
+
+        return call
+
     def wrap(self) -> None:
         """Leave the steps uncounted and count the runner calls."""
         counter, init, call = self, graphs.GraphRunner.__init__, graphs.GraphRunner.__call__
 
         def counted_init(runner: graphs.GraphRunner, name: str, step: Any, *args: Any, **kwargs: Any) -> None:
-            def uncounted(b: graphs.Tensors) -> graphs.Tensors:
-                counter.in_step += 1
-                try:
-                    return step(b)
-                finally:
-                    counter.in_step -= 1
-
-            init(runner, name, uncounted, *args, **kwargs)
+            init(runner, name, counter.uncounted(step), *args, **kwargs)
 
         def counted_call(runner: graphs.GraphRunner, *args: Any, **kwargs: Any) -> graphs.Tensors:
             counter.runner_calls += counter.on
@@ -80,20 +85,14 @@ class Counter:
     def wrap_aten(self) -> None:
         """Count aten ops in the engine thread (a dispatch mode is per thread: entered in it); a graphed step's
         slicing of its buffers (`views`, eager only) counts as the step."""
-        counter, loop, views = self, pipeline_module.Pipeline._loop, graphs.GraphRunner.views
+        counter, loop = self, pipeline_module.Pipeline._loop
 
         def counted_loop(pipeline: Any) -> None:
             with AtenOps(counter):
                 loop(pipeline)
 
-        def uncounted_views(runner: graphs.GraphRunner, b: int) -> graphs.Tensors:
-            counter.in_step += 1
-            try:
-                return views(runner, b)
-            finally:
-                counter.in_step -= 1
-
-        pipeline_module.Pipeline._loop, graphs.GraphRunner.views = counted_loop, uncounted_views
+        pipeline_module.Pipeline._loop = counted_loop
+        graphs.GraphRunner.views = self.uncounted(graphs.GraphRunner.views)
 
 
 class AtenOps(TorchDispatchMode):

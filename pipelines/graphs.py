@@ -90,7 +90,7 @@ class GraphRunner:
                 offsets[k] = size
                 size += -(-s.nbytes(top) // ALIGN) * ALIGN
         self.packed = torch.zeros(size, dtype=torch.uint8, device=device)  # the host inputs, one after another
-        self.packed_bytes = size
+        self.packed_bytes = size  # (a plain int: asking the tensor is a torch call each step)
         self.buffers: Tensors = {
             k: self._packed_view(self.packed, offsets[k], s, top) if k in offsets else
             torch.empty((top, *s.shape), dtype=s.dtype, device=device) for k, s in self.spec.items()
@@ -98,7 +98,7 @@ class GraphRunner:
         self._pad(0, top)
         self.offsets = offsets  # where each host input sits in `packed` (and in a staging buffer)
         self.stagings: list[Staging | None] = [None, None]  # made at first use (a one-off eager runner needs one)
-        self.turn = 0
+        self.next_staging = 0  # which of the two the next call fills
         self.graphs_on = graphs and self.device.type == "cuda"
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensors]] = {}
         self.capture_s = 0.0
@@ -181,10 +181,9 @@ class GraphRunner:
     def _next_staging(self) -> Staging:
         """The staging buffer whose copy ran longest ago, once that copy is done (it is, but for a step that never
         synced)."""
-        staging = self.stagings[self.turn]
-        if staging is None:
-            staging = self.stagings[self.turn] = self._staging()
-        self.turn = 1 - self.turn
+        i = self.next_staging
+        staging = self.stagings[i] = self.stagings[i] or self._staging()
+        self.next_staging = 1 - i
         if staging.copied is not None:
             staging.copied.synchronize()
         return staging
