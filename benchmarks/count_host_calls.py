@@ -41,6 +41,7 @@ from pipelines.types import GenerationOptions, Message, Turn  # noqa: E402
 
 ENGINE = "omni-engine"  # pipelines/pipeline.py's thread
 # a checkout before the packed inputs (a90b0be) has no Input.on_device: this file runs there too, for the A/B
+OURS = ("models", "pipelines")
 DEVICE_FED = {"on_device": True} if "on_device" in graphs.Input.__dataclass_fields__ else {}
 
 
@@ -106,8 +107,18 @@ class AtenOps(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         c = self.counter
         if c.on and not c.in_step:
-            c.aten[str(func.overloadpacket.__name__)] += 1
+            c.aten[f"{func.overloadpacket.__name__:<12} {ours(sys._getframe(1))}"] += 1
         return func(*args, **(kwargs or {}))
+
+
+def ours(frame: FrameType | None) -> str:
+    """The innermost caller in this repository's serving code (models/, pipelines/), as file:line."""
+    while frame is not None:
+        path = Path(frame.f_code.co_filename)
+        if path.parent.name in OURS or path.parent.parent.name in OURS:
+            return f"{path.parent.name}/{path.name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
 
 
 def noise(seconds: float, seed: int) -> torch.Tensor:
