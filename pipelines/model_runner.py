@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
 import torch
@@ -58,7 +59,7 @@ class ModelRunner:
     def run(self, batch: Batch) -> Finish | None:
         """Run a batch; a decode may leave its results to the Finish returned."""
         start = time.perf_counter()
-        with torch.inference_mode(), torch.profiler.record_function(self.name):
+        with torch.inference_mode(), self._label():
             decode = getattr(self.model, "decode", None)
             finish = None if batch.prefill or decode is None else decode(batch.works)
             if finish is None:
@@ -71,8 +72,13 @@ class ModelRunner:
         self.busy_s += time.perf_counter() - start
         return None if finish is None else lambda: self._timed(finish)
 
+    def _label(self) -> AbstractContextManager:
+        """The stage's range in a torch.profiler trace (profile_turn.py reads them); none while no profiler runs:
+        entering one is two torch calls, each a chance for another thread to keep the GIL."""
+        return torch.profiler.record_function(self.name) if torch.autograd._profiler_enabled() else nullcontext()
+
     def _timed(self, finish: Finish) -> None:
         start = time.perf_counter()
-        with torch.inference_mode(), torch.profiler.record_function(self.name):
+        with torch.inference_mode(), self._label():
             finish()
         self.busy_s += time.perf_counter() - start
