@@ -40,6 +40,7 @@ class FrameWork(Protocol):
     slot: int | None  # its row of `seen`, from its first step
     free_slot: Callable[[int], None]
     next_embed: torch.Tensor | None
+    next_text: torch.Tensor | None  # with next_embed: the parts of its next input, to add
     inputs: InputRows  # every input of the stream, fed or still pending
 
     def fail(self, code: str, message: str) -> None: ...
@@ -96,12 +97,14 @@ class FrameStage:
         works = self._slots(works)
         if not works:
             return lambda: None
+        self._join(works)
         rows = kv_views.rows(self.kv, [w.key for w in works], self.width) | self._rows(works) | {
             "x": torch.cat([w.inputs.tail(self.kv.length(w.key)) for w in works])}
         out = self.graph(len(works), rows)
         return lambda: self._commit(works, out)
 
     def run(self, works: list[FrameWork], lengths: list[int], prefill: bool) -> None:
+        self._join(works)
         for call in self.prefill.calls(works, lengths):
             self._prefill(call)
 
@@ -113,6 +116,16 @@ class FrameStage:
         works = [w for w, _ in group]
         rows = self.prefill.rows(replace(call, group=group), lambda w: w.inputs)
         self._commit(works, call.runner(len(group), rows | self._rows(works)))
+
+    @staticmethod
+    def _join(works: list[FrameWork]) -> None:
+        """Each stream's next input from its two parts: all rows' adds in one op."""
+        ready = [w for w in works if w.next_text is not None]
+        if ready:
+            rows = torch.stack([w.next_embed for w in ready]) + torch.stack([w.next_text for w in ready])
+            for w, row in zip(ready, rows.unsqueeze(1).unbind(), strict=True):
+                w.inputs.append(row)
+                w.next_embed = w.next_text = None
 
     def _commit(self, works: list[FrameWork], out: Tensors) -> None:
         rows = torch.cat((out["codes"], out["bad"][:, None].to(out["codes"].dtype)), dim=1).tolist()  # one sync

@@ -96,7 +96,7 @@ class TurnState(SpeakingState):
         self.mark("prompt_ms")
 
     def on_token(self, token: int, embed: torch.Tensor, projected: torch.Tensor | None) -> None:
-        """A sampled reply token; `projected` is its talker text row (when speaking)."""
+        """A sampled reply token, its input row `embed` [1, D]; `projected` is its talker text row (when speaking)."""
         if self.force is not None:
             token, embed = self.force(token, embed)
         first = not self.reply_ids
@@ -104,7 +104,7 @@ class TurnState(SpeakingState):
             self.mark("first_text_ms")
         self.reply_ids.append(token)
         self.session.ids.append(token)
-        self.session.embeds.append(embed[None])
+        self.session.embeds.append(embed)
         if first and token == self.tool_call_id:  # a function call is not spoken
             self.speaking, self.audio_done = False, True
         in_call = self.reply_ids[0] == self.tool_call_id

@@ -158,12 +158,12 @@ class CallWriter:
 
 
 def forcing(writer: CallWriter, embed: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
-    """(sampled token, its embedding) -> (kept token, its embedding): the thinker reads what was kept."""
+    """(sampled token, its embedding [1, D]) -> (kept token, its embedding): the thinker reads what was kept."""
 
     def keep(token: int, embedding: torch.Tensor) -> tuple[int, torch.Tensor]:
         chosen = writer.choose(token)
         if chosen == token:
             return token, embedding
-        return chosen, embed(torch.tensor([chosen], device=embedding.device))[0]
+        return chosen, embed(torch.tensor([chosen], device=embedding.device))
 
     return keep

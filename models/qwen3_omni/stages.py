@@ -63,13 +63,12 @@ class TalkerWork(FrameWork):
             if t.head_embeds is None:  # the talker starts on the thinker's first reply token
                 return 0
             self.inputs.append(self.prompt(t))
-        if self.next_embed is not None:  # the last input made its frame (even if its cache was preempted since)
-            text = self._text(self.steps)
+        if self.next_embed is not None and self.next_text is None:  # the last input made its frame (even if its
+            text = self._text(self.steps)  # cache was preempted since)
             if text is None:
                 return 0  # the next input waits for the thinker's next token; recomputing now would redo a frame
-            self.inputs.append((self.next_embed + text)[None])
-            self.next_embed, self.steps = None, self.steps + 1
-        return self.inputs.n - self.kv.length(self.key)
+            self.feed(text)
+        return self.unfed()
 
     def _text(self, step: int) -> torch.Tensor | None:
         t = self.turn

@@ -77,7 +77,8 @@ class ThinkerStep:
 
     def _commit(self, works: list[ThinkerWork], out: Tensors) -> None:
         ids = torch.where(out["bad"], -1, out["ids"]).tolist()  # the step's one host sync
-        embeds, projected = out["embeds"].unbind(), out["projected"].unbind() if self.speaks else [None] * len(ids)
+        embeds = out["embeds"].unsqueeze(1).unbind()  # input rows [1, D]
+        projected = out["projected"].unbind() if self.speaks else [None] * len(ids)
         for w, token, embed, row in zip(works, ids, embeds, projected, strict=True):
             if token < 0:
                 w.fail("internal_error", f"thinker: {NAN_MESSAGE}")

@@ -29,10 +29,9 @@ class TalkerWork(FrameWork):
         t = self.turn
         if t.finished or t.talker_done:
             return 0
-        if self.next_embed is not None:
-            self.inputs.append((self.next_embed + t.prompt.text_for_step(self.steps))[None])
-            self.next_embed, self.steps = None, self.steps + 1
-        return self.inputs.n - self.kv.length(self.key)
+        if self.next_embed is not None and self.next_text is None:
+            self.feed(t.prompt.text_for_step(self.steps))
+        return self.unfed()
 
 
 class TalkerStep(FrameStage):

@@ -86,7 +86,7 @@ class VoiceWork(FrameWork):
             text = TextIds(v.role + t.reply_ids[:1] + v.tail, [], [])
             self.inputs.append(build_prompt(v.model.talker, v.model.cfg, text, self.language, self.speaker,
                                             streamed=True).embeds)
-        if self.next_embed is not None:  # the last input made its frame
+        if self.next_embed is not None and self.next_text is None:  # the last input made its frame
             k = self.steps + 1
             if k < n:
                 text = self._text(k, n)
@@ -94,9 +94,8 @@ class VoiceWork(FrameWork):
                 return 0  # ahead of the writer: wait for its next token
             else:
                 text = v.eos if k == n else v.pad
-            self.inputs.append((self.next_embed + text)[None])
-            self.next_embed, self.steps = None, self.steps + 1
-        return self.inputs.n - self.kv.length(self.key)
+            self.feed(text)
+        return self.unfed()
 
 
 def build_voice(model: str, device: str = "cpu", dtype: str | None = None, graphs: bool | None = None) -> TtsVoice:
