@@ -19,6 +19,9 @@ that turn in most sessions at once (--eos lets replies end there).
 - Errors: error events, responses that end failed or cancelled, socket drops, timeouts, no audio.
 - Engine: per stage, the batches run at the level, their mean rows and mean ms; turns that waited at admission
   (pipelines/admission.py) and how long in all.
+- The server's side, p50 / p95 ms: from the commit's arrival to the first delta sent (server_ttfa), its audio's
+  encoding (commit_input), the engine thread taking a submitted turn (handoff), and how late a timer on the
+  server's event loop fires (loop_lag, every 5 ms): what each hop through the loop may wait.
 
 Conversation mode (--turns T above 1; its JSON lines say "mode": "conversation"): each session asks T questions
 on one connection; after a reply (response.done) it waits for the reply's playback to end in real time (the
@@ -55,6 +58,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import torch
@@ -69,6 +73,7 @@ from models.qwen3_omni.audio_stream import AudioStream  # noqa: E402
 from pipelines.admission import FED_S, SETTLE_S  # noqa: E402
 from pipelines.pipeline import Pipeline  # noqa: E402
 from pipelines.scheduler import URGENT_S  # noqa: E402
+from pipelines.types import Turn  # noqa: E402
 from realtime.audio import InputStream  # noqa: E402
 from realtime.cli_checks import default_threads  # noqa: E402
 from realtime.pcm import resample  # noqa: E402
@@ -301,6 +306,8 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
     server.metrics.ttfa.observe = lambda s: (server_ttfa.append(s), observe(s))[-1]
     server.metrics.commit_input.observe = lambda s: (commit_input.append(s), observe_input(s))[-1]
     server.metrics.turn_timings = lambda t: (timings.append(t), record(t))[-1]
+    handoff = timed_handoff(pipeline)
+    lags: list[float] = []
     runner = web.AppRunner(server.app())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -340,9 +347,13 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
             server_ttfa.clear()
             commit_input.clear()
             timings.clear()
+            handoff.clear()
+            lags.clear()
+            probe = asyncio.create_task(loop_lag(lags))
             traced = args.trace_s and args.trace_s[i % len(args.trace_s)] > 0
             trace = asyncio.create_task(trace_window(pipeline, args, i)) if traced else None
             sessions = await clients(n, args.spread_s, args.turns, args.pause_s, args.timeout_s)
+            probe.cancel()
             line = {**header, **policy, "bench": "load", "audio_seconds": args.audio_seconds,
                     "text_tokens": args.text_tokens, "frames": args.frames, "spread_s": args.spread_s,
                     "eos": args.eos}
@@ -352,7 +363,10 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
                 line["gpu_trace"] = await trace
             # from the commit's arrival to the first delta handed to the socket, and its first part: the commit's
             # audio resampled and encoded on an audio worker
-            for key, seconds in (("server_ttfa", server_ttfa), ("commit_input", commit_input)):
+            # then the engine's command queue (a turn is taken between rounds of the stages); the server's event
+            # loop's lateness (a timer's, sampled every LAG_PROBE_S) is what each hop through it may wait
+            for key, seconds in (("server_ttfa", server_ttfa), ("commit_input", commit_input), ("handoff", handoff),
+                                 ("loop_lag", lags)):
                 if seconds:
                     line[f"{key}_ms_p50_p95"] = [round(pct(seconds, q) * 1e3, 1) for q in (50, 95)]
             if args.turns == 1:
@@ -370,6 +384,37 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
             pool.shutdown()
         await runner.cleanup()
     return lines
+
+
+def timed_handoff(pipeline: Pipeline) -> list[float]:
+    """Seconds from each Pipeline.submit to the engine thread starting that turn, appended to the list returned."""
+    handoff: list[float] = []
+    submitted: dict[str, float] = {}
+    submit, start_turn = pipeline.submit, pipeline.program.start_turn
+
+    def submit_timed(turn: Turn, held: bool = False) -> Any:
+        submitted[turn.turn_id] = time.perf_counter()
+        return submit(turn, held)
+
+    def start_timed(turn: Turn, *args: Any) -> None:
+        at = submitted.pop(turn.turn_id, None)
+        if at is not None:
+            handoff.append(time.perf_counter() - at)
+        start_turn(turn, *args)
+
+    pipeline.submit, pipeline.program.start_turn = submit_timed, start_timed
+    return handoff
+
+
+LAG_PROBE_S = 0.005
+
+
+async def loop_lag(lags: list[float]) -> None:
+    """How late a timer on this event loop fires, every LAG_PROBE_S, until cancelled."""
+    while True:
+        start = time.perf_counter()
+        await asyncio.sleep(LAG_PROBE_S)
+        lags.append(time.perf_counter() - start - LAG_PROBE_S)
 
 
 async def trace_window(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict:
