@@ -168,7 +168,8 @@ class GraphRunner:
         for k, value in on_device:  # after the packed copy, in stream order
             dst = self.buffers[k]
             src = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value), dtype=dst.dtype)
-            dst[:n].copy_(src.reshape(dst[:n].shape), non_blocking=True)
+            view = dst[:n]
+            view.copy_(src if src.shape == view.shape else src.reshape(view.shape), non_blocking=True)
             if n < b and self.spec[k].on_device:  # a host input's padding came with the packed copy
                 dst[n:b].fill_(self.spec[k].pad)
         if b in self.graphs:
