@@ -21,7 +21,9 @@ that turn in most sessions at once (--eos lets replies end there).
   (pipelines/admission.py) and how long in all.
 - The server's side, p50 / p95 ms: from the commit's arrival to the first delta sent (server_ttfa), its audio's
   encoding (commit_input), the engine thread taking a submitted turn (handoff), and how late a timer on the
-  server's event loop fires (loop_lag, every 5 ms): what each hop through the loop may wait.
+  server's event loop fires (loop_lag, every 5 ms): what each hop through the loop may wait. The engine's three
+  longest iterations (engine.longest_rounds_ms: a stall shows there) and, with TRITON_CACHE_DIR set, the Triton
+  kernels compiled during the level (triton_compiled).
 
 Conversation mode (--turns T above 1; its JSON lines say "mode": "conversation"): each session asks T questions
 on one connection; after a reply (response.done) it waits for the reply's playback to end in real time (the
@@ -306,7 +308,7 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
     server.metrics.ttfa.observe = lambda s: (server_ttfa.append(s), observe(s))[-1]
     server.metrics.commit_input.observe = lambda s: (commit_input.append(s), observe_input(s))[-1]
     server.metrics.turn_timings = lambda t: (timings.append(t), record(t))[-1]
-    handoff = timed_handoff(pipeline)
+    handoff, rounds = timed_handoff(pipeline), timed_rounds(pipeline)
     lags: list[float] = []
     runner = web.AppRunner(server.app())
     await runner.setup()
@@ -349,6 +351,8 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
             timings.clear()
             handoff.clear()
             lags.clear()
+            rounds.clear()
+            compiled = triton_kernels()
             probe = asyncio.create_task(loop_lag(lags))
             traced = args.trace_s and args.trace_s[i % len(args.trace_s)] > 0
             trace = asyncio.create_task(trace_window(pipeline, args, i)) if traced else None
@@ -359,6 +363,9 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
                     "eos": args.eos}
             line["engine"] = engine_delta(before, engine(pipeline))
             line["engine"]["milestone_ms_p50_p95"] = milestone_gaps(timings)
+            line["engine"]["longest_rounds_ms"] = [round(s * 1e3, 1) for s in sorted(rounds)[-3:][::-1]]
+            if compiled is not None:
+                line["triton_compiled"] = triton_kernels() - compiled
             if trace is not None:
                 line["gpu_trace"] = await trace
             # from the commit's arrival to the first delta handed to the socket, and its first part: the commit's
@@ -404,6 +411,29 @@ def timed_handoff(pipeline: Pipeline) -> list[float]:
 
     pipeline.submit, pipeline.program.start_turn = submit_timed, start_timed
     return handoff
+
+
+def timed_rounds(pipeline: Pipeline) -> list[float]:
+    """Seconds of each engine iteration (commands, admission, one round of the stages), appended to the list
+    returned: a stall shows as one long round."""
+    rounds: list[float] = []
+    iterate = pipeline._iterate
+
+    def timed() -> None:
+        start = time.perf_counter()
+        try:
+            iterate()
+        finally:
+            rounds.append(time.perf_counter() - start)
+
+    pipeline._iterate = timed
+    return rounds
+
+
+def triton_kernels() -> int | None:
+    """Kernels in Triton's cache (TRITON_CACHE_DIR, where set): what a level adds, it compiled while serving."""
+    folder = os.environ.get("TRITON_CACHE_DIR")
+    return len(os.listdir(folder)) if folder and os.path.isdir(folder) else None
 
 
 LAG_PROBE_S = 0.005
