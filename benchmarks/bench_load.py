@@ -22,7 +22,8 @@ that turn in most sessions at once (--eos lets replies end there).
 - The server's side, p50 / p95 ms: from the commit's arrival to the first delta sent (server_ttfa), its audio's
   encoding (commit_input), the engine thread taking a submitted turn (handoff), and how late a timer on the
   server's event loop fires (loop_lag, every 5 ms): what each hop through the loop may wait. The engine's three
-  longest iterations (engine.longest_rounds_ms: a stall shows there) and, with TRITON_CACHE_DIR set, the Triton
+  longest iterations (engine.longest_rounds: ms, and per stage its host ms and prefill tokens; a stall shows
+  there) and, with TRITON_CACHE_DIR set, the Triton
   kernels compiled during the level (triton_compiled).
 
 Conversation mode (--turns T above 1; its JSON lines say "mode": "conversation"): each session asks T questions
@@ -57,6 +58,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -363,7 +365,7 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
                     "eos": args.eos}
             line["engine"] = engine_delta(before, engine(pipeline))
             line["engine"]["milestone_ms_p50_p95"] = milestone_gaps(timings)
-            line["engine"]["longest_rounds_ms"] = [round(s * 1e3, 1) for s in sorted(rounds)[-3:][::-1]]
+            line["engine"]["longest_rounds"] = [r.summary() for r in sorted(rounds, key=lambda r: r.s)[-3:][::-1]]
             if compiled is not None:
                 line["triton_compiled"] = triton_kernels() - compiled
             if trace is not None:
@@ -413,20 +415,57 @@ def timed_handoff(pipeline: Pipeline) -> list[float]:
     return handoff
 
 
-def timed_rounds(pipeline: Pipeline) -> list[float]:
-    """Seconds of each engine iteration (commands, admission, one round of the stages), appended to the list
-    returned: a stall shows as one long round."""
-    rounds: list[float] = []
+@dataclass
+class Round:
+    """One engine iteration: its seconds, and per stage the host ms of its launch and finish and the prefill tokens
+    (new inputs of its prefill batches) it ran."""
+
+    s: float = 0.0
+    stages: dict[str, list[float]] = field(default_factory=dict)  # name -> [ms, prefill tokens]
+
+    def summary(self) -> dict:
+        return {"ms": round(self.s * 1e3, 1),
+                "stages": {k: [round(ms, 1), int(tokens)] for k, (ms, tokens) in self.stages.items()}}
+
+
+def timed_rounds(pipeline: Pipeline) -> list[Round]:
+    """Each engine iteration (commands, admission, one round of the stages) as a Round, appended to the list
+    returned: a stall shows as one long round, and its stages say where."""
+    rounds: list[Round] = []
+    now = Round()
     iterate = pipeline._iterate
 
     def timed() -> None:
-        start = time.perf_counter()
+        nonlocal now
+        now, start = Round(), time.perf_counter()
         try:
             iterate()
         finally:
-            rounds.append(time.perf_counter() - start)
+            now.s = time.perf_counter() - start
+            rounds.append(now)
+
+    def part(stage: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                now.stages.setdefault(stage.name, [0.0, 0])[0] += (time.perf_counter() - start) * 1e3
+
+        return call
+
+    def counted(stage: Any, run: Callable[..., Any]) -> Callable[..., Any]:
+        def call(batch: Any) -> Any:
+            if batch.prefill:
+                now.stages.setdefault(stage.name, [0.0, 0])[1] += sum(batch.lengths)
+            return run(batch)
+
+        return call
 
     pipeline._iterate = timed
+    for stage in pipeline.stages:
+        stage.launch, stage.finish = part(stage, stage.launch), part(stage, stage.finish)
+        stage.runner.run = counted(stage, stage.runner.run)
     return rounds
 
 
@@ -476,6 +515,7 @@ def set_policy(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict
 
     urgent, after, fed, seal = pick(args.urgent_s), pick(args.decode_after_prefill), pick(args.fed_s), pick(args.seal)
     eager, switch_ms, settle = pick(args.eager_input_s), pick(args.gil_switch_ms), pick(args.settle_s)
+    budget = pick(args.prefill_tokens)
     sys.setswitchinterval(switch_ms / 1000)  # process-wide, as the server sets it
     program = pipeline.program
     if seal is not None:  # the server is in this process: its audio workers call the class's seal
@@ -490,15 +530,22 @@ def set_policy(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict
         program.admission.fed_s = fed
     if settle is not None:
         program.admission.settle_s = settle
+    thinker = program.by_name["thinker"].scheduler
+    if budget is not None:
+        thinker.max_prefill_tokens = budget
     talker = program.by_name.get("talker") or program.by_name["thinker"]
     return {"urgent_s": talker.scheduler.urgent_s, "decode_after_prefill": talker.cfg.decode_after_prefill,
             "fed_s": program.admission.fed_s, "settle_s": program.admission.settle_s, "seal": AudioStream.seal is SEAL,
-            "eager_input_s": InputStream.EAGER_S,
+            "eager_input_s": InputStream.EAGER_S, "prefill_tokens": thinker.max_prefill_tokens,
             "gil_switch_ms": switch_ms}
 
 
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",")]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
 
 
 def _flags(text: str) -> list[bool]:
@@ -671,6 +718,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--stream-batch", type=int,
                     help="the talker's and Code2Wav's most rows a step (the server's: 64); more captures a bucket "
                          "of that size, so no playing stream waits a round for a row")
+    ap.add_argument("--prefill-tokens", type=_ints,
+                    help="the thinker's prefill token budget a step (StageConfig.max_prefill_tokens; the server's: "
+                         "8192); a comma-separated list cycles over the levels")
     ap.add_argument("--fed-s", type=_floats,
                     help=f"a new turn waits while a playing stream has less audio buffered (the server's: {FED_S}; "
                          "0: never); a comma-separated list cycles over the levels, as --urgent-s does")
