@@ -4,12 +4,16 @@ they equal the variable-shape path, and padding a batch to its bucket changes no
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from models.common.frame_stage import FrameStage
 from models.common.frame_step import FrameStep
+from models.common.rows import Rows
 from models.qwen3_omni.forward import ThinkerDecode
 from models.qwen3_omni.model import load_model
 from pipelines import kv_views
@@ -209,3 +213,34 @@ def test_a_call_costs_a_few_torch_calls_however_many_host_inputs():
         sys.setprofile(None)
     assert torch.equal(out["y"], torch.full((5,), 2.0))
     assert len(calls) <= 5, calls
+
+
+class AtenCount(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_talkers_next_inputs_cost_the_same_ops_for_any_number_of_rows():
+    """Each row's next input is its frame's codec part plus its text row: FrameStage adds them for all rows in one
+    op (each op lets the GIL go), so 24 rows take the ops 2 do, and each row gets its own sum. A work whose text is
+    not known yet keeps its codec part."""
+    ops = {}
+    for n in (2, 24):
+        g = torch.Generator().manual_seed(n)
+        works = [SimpleNamespace(next_embed=torch.randn(8, generator=g), next_text=torch.randn(8, generator=g),
+                                 inputs=Rows()) for _ in range(n)]
+        waiting = SimpleNamespace(next_embed=torch.randn(8, generator=g), next_text=None, inputs=Rows())
+        sums = [w.next_embed + w.next_text for w in works]
+        with AtenCount() as count:
+            FrameStage._join([*works, waiting])
+        ops[n] = count.n
+        for w, s in zip(works, sums, strict=True):
+            assert w.inputs.n == 1 and torch.equal(w.inputs.all(), s[None])
+            assert w.next_embed is None and w.next_text is None
+        assert waiting.inputs.n == 0 and waiting.next_embed is not None
+    assert ops[2] == ops[24] <= 6, ops
