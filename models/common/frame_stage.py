@@ -97,9 +97,10 @@ class FrameStage:
         works = self._slots(works)
         if not works:
             return lambda: None
-        self._join(works)
-        rows = kv_views.rows(self.kv, [w.key for w in works], self.width) | self._rows(works) | {
-            "x": torch.cat([w.inputs.tail(self.kv.length(w.key)) for w in works])}
+        x = self._join(works)  # every decode row's one new input, when each was just joined
+        if x is None:
+            x = torch.cat([w.inputs.tail(self.kv.length(w.key)) for w in works])
+        rows = kv_views.rows(self.kv, [w.key for w in works], self.width) | self._rows(works) | {"x": x}
         out = self.graph(len(works), rows)
         return lambda: self._commit(works, out)
 
@@ -118,14 +119,17 @@ class FrameStage:
         self._commit(works, call.runner(len(group), rows | self._rows(works)))
 
     @staticmethod
-    def _join(works: list[FrameWork]) -> None:
-        """Each stream's next input from its two parts: all rows' adds in one op."""
+    def _join(works: list[FrameWork]) -> torch.Tensor | None:
+        """Each stream's next input from its two parts: all rows' adds in one op. Returns them [n, H] when every
+        work had one (in the works' order)."""
         ready = [w for w in works if w.next_text is not None]
-        if ready:
-            rows = torch.stack([w.next_embed for w in ready]) + torch.stack([w.next_text for w in ready])
-            for w, row in zip(ready, rows.unsqueeze(1).unbind(), strict=True):
-                w.inputs.append(row)
-                w.next_embed = w.next_text = None
+        if not ready:
+            return None
+        rows = torch.stack([w.next_embed for w in ready]) + torch.stack([w.next_text for w in ready])
+        for w, row in zip(ready, rows.unsqueeze(1).unbind(), strict=True):
+            w.inputs.append(row)
+            w.next_embed = w.next_text = None
+        return rows if len(ready) == len(works) else None
 
     def _commit(self, works: list[FrameWork], out: Tensors) -> None:
         rows = torch.cat((out["codes"], out["bad"][:, None].to(out["codes"].dtype)), dim=1).tolist()  # one sync
