@@ -23,7 +23,7 @@ that turn in most sessions at once (--eos lets replies end there).
   encoding (commit_input), the engine thread taking a submitted turn (handoff), and how late a timer on the
   server's event loop fires (loop_lag, every 5 ms): what each hop through the loop may wait. The engine's three
   longest iterations (engine.longest_rounds: ms, and per stage its host ms and prefill tokens; a stall shows
-  there) and, with TRITON_CACHE_DIR set, the Triton
+  there) and every iteration's p50 / p95 (engine.round_ms_p50_p95) and, with TRITON_CACHE_DIR set, the Triton
   kernels compiled during the level (triton_compiled).
 
 Conversation mode (--turns T above 1; its JSON lines say "mode": "conversation"): each session asks T questions
@@ -366,6 +366,8 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
             line["engine"] = engine_delta(before, engine(pipeline))
             line["engine"]["milestone_ms_p50_p95"] = milestone_gaps(timings)
             line["engine"]["longest_rounds"] = [r.summary() for r in sorted(rounds, key=lambda r: r.s)[-3:][::-1]]
+            if rounds:
+                line["engine"]["round_ms_p50_p95"] = [round(pct([r.s for r in rounds], q) * 1e3, 1) for q in (50, 95)]
             if compiled is not None:
                 line["triton_compiled"] = triton_kernels() - compiled
             if trace is not None:
@@ -422,6 +424,7 @@ class Round:
 
     s: float = 0.0
     stages: dict[str, list[float]] = field(default_factory=dict)  # name -> [ms, prefill tokens]
+    ran: bool = False  # a stage ran a batch (else the engine waited for commands)
 
     def summary(self) -> dict:
         return {"ms": round(self.s * 1e3, 1),
@@ -429,8 +432,8 @@ class Round:
 
 
 def timed_rounds(pipeline: Pipeline) -> list[Round]:
-    """Each engine iteration (commands, admission, one round of the stages) as a Round, appended to the list
-    returned: a stall shows as one long round, and its stages say where."""
+    """Each engine iteration that ran a batch (commands, admission, one round of the stages) as a Round, appended
+    to the list returned: a stall shows as one long round, and its stages say where."""
     rounds: list[Round] = []
     now = Round()
     iterate = pipeline._iterate
@@ -442,7 +445,8 @@ def timed_rounds(pipeline: Pipeline) -> list[Round]:
             iterate()
         finally:
             now.s = time.perf_counter() - start
-            rounds.append(now)
+            if now.ran:
+                rounds.append(now)
 
     def part(stage: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any) -> Any:
@@ -456,6 +460,7 @@ def timed_rounds(pipeline: Pipeline) -> list[Round]:
 
     def counted(stage: Any, run: Callable[..., Any]) -> Callable[..., Any]:
         def call(batch: Any) -> Any:
+            now.ran = True
             if batch.prefill:
                 now.stages.setdefault(stage.name, [0.0, 0])[1] += sum(batch.lengths)
             return run(batch)
