@@ -63,8 +63,9 @@ class TalkerWork(FrameWork):
             if t.head_embeds is None:  # the talker starts on the thinker's first reply token
                 return 0
             self.inputs.append(self.prompt(t))
-        if self.next_embed is not None and self.next_text is None:  # the last input made its frame (even if its
-            text = self._text(self.steps)  # cache was preempted since)
+        # the last input made its frame (even if its cache was preempted since): its text part is next
+        if self.next_embed is not None and self.next_text is None:
+            text = self._text(self.steps)
             if text is None:
                 return 0  # the next input waits for the thinker's next token; recomputing now would redo a frame
             self.feed(text)
