@@ -80,6 +80,7 @@ from pipelines.scheduler import URGENT_S  # noqa: E402
 from pipelines.types import Turn  # noqa: E402
 from realtime.audio import InputStream  # noqa: E402
 from realtime.cli_checks import default_threads  # noqa: E402
+from realtime.input_audio import AudioWorkers  # noqa: E402
 from realtime.pcm import resample  # noqa: E402
 from realtime.server import Server, ServerConfig  # noqa: E402
 from realtime.session import Limits  # noqa: E402
@@ -345,6 +346,7 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
             raise RuntimeError(f"warm-up session failed: {warm.errors}")
         for i, n in enumerate(levels):
             policy = pipeline.request(lambda i=i: set_policy(pipeline, args, i)).result(30)
+            policy["audio_workers"] = audio_workers(server, args, i)
             if torch.cuda.is_available() and args.device.startswith("cuda"):
                 torch.cuda.reset_peak_memory_stats()
             before = engine(pipeline)
@@ -505,6 +507,17 @@ async def trace_window(pipeline: Pipeline, args: argparse.Namespace, level: int)
         finally:
             summary = await loop.run_in_executor(one, trace.stop)
     return {"at_s": at, "seconds": seconds, **summary}
+
+
+def audio_workers(server: Server, args: argparse.Namespace, level: int) -> int:
+    """The level's audio worker threads (--audio-workers cycles; else the server's): the sessions it opens take
+    a pool of that many (the last level's pool ends once its jobs have)."""
+    if args.audio_workers:
+        n = args.audio_workers[level % len(args.audio_workers)]
+        if n != server.audio._max_workers:
+            server.audio.shutdown(wait=False)
+            server.audio = AudioWorkers(n)
+    return server.audio._max_workers
 
 
 PREFILL_STAGES = ("thinker", "talker")  # the stages --decode-after-prefill turns on
@@ -723,6 +736,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--stream-batch", type=int,
                     help="the talker's and Code2Wav's most rows a step (the server's: 64); more captures a bucket "
                          "of that size, so no playing stream waits a round for a row")
+    ap.add_argument("--audio-workers", type=_ints,
+                    help="the server's audio worker threads (ServerConfig.audio_workers; default 2), which decode "
+                         "appends and encode the input ahead and at the commit; a comma-separated list cycles over "
+                         "the levels")
     ap.add_argument("--prefill-tokens", type=_ints,
                     help="the thinker's prefill token budget a step (StageConfig.max_prefill_tokens; the server's: "
                          "8192); a comma-separated list cycles over the levels")
