@@ -520,7 +520,7 @@ def audio_workers(server: Server, args: argparse.Namespace, level: int) -> int:
     return server.audio._max_workers
 
 
-PREFILL_STAGES = ("thinker", "talker")  # the stages --decode-after-prefill turns on
+PREFILL_STAGES = ("thinker", "talker")  # the stages --decode-after-prefill and --prefill-tokens set
 SEAL = AudioStream.seal  # the commit's host encoding on the audio worker (--seal 0: on the engine thread)
 EAGER_S = InputStream.EAGER_S  # the server's; --eager-input-s changes it for this process's server
 
@@ -544,17 +544,16 @@ def set_policy(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict
         if after is not None and stage.name in PREFILL_STAGES:
             stage.cfg = dataclasses.replace(stage.cfg, decode_after_prefill=after)
         stage.scheduler.urgent_s = stage.cfg.urgent_s if urgent is None else urgent
+        if budget is not None and stage.name in PREFILL_STAGES:
+            stage.scheduler.max_prefill_tokens = budget
     if fed is not None:
         program.admission.fed_s = fed
     if settle is not None:
         program.admission.settle_s = settle
-    thinker = program.by_name["thinker"].scheduler
-    if budget is not None:
-        thinker.max_prefill_tokens = budget
     talker = program.by_name.get("talker") or program.by_name["thinker"]
     return {"urgent_s": talker.scheduler.urgent_s, "decode_after_prefill": talker.cfg.decode_after_prefill,
             "fed_s": program.admission.fed_s, "settle_s": program.admission.settle_s, "seal": AudioStream.seal is SEAL,
-            "eager_input_s": InputStream.EAGER_S, "prefill_tokens": thinker.max_prefill_tokens,
+            "eager_input_s": InputStream.EAGER_S, "prefill_tokens": talker.scheduler.max_prefill_tokens,
             "gil_switch_ms": switch_ms}
 
 
@@ -741,8 +740,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                          "appends and encode the input ahead and at the commit; a comma-separated list cycles over "
                          "the levels")
     ap.add_argument("--prefill-tokens", type=_ints,
-                    help="the thinker's prefill token budget a step (StageConfig.max_prefill_tokens; the server's: "
-                         "8192); a comma-separated list cycles over the levels")
+                    help="the thinker's and talker's prefill token budget a step (StageConfig.max_prefill_tokens; the "
+                         "server's: 8192); a comma-separated list cycles over the levels")
     ap.add_argument("--fed-s", type=_floats,
                     help=f"a new turn waits while a playing stream has less audio buffered (the server's: {FED_S}; "
                          "0: never); a comma-separated list cycles over the levels, as --urgent-s does")
