@@ -232,15 +232,18 @@ def test_the_talkers_next_inputs_cost_the_same_ops_for_any_number_of_rows():
     ops = {}
     for n in (2, 24):
         g = torch.Generator().manual_seed(n)
-        works = [SimpleNamespace(next_embed=torch.randn(8, generator=g), next_text=torch.randn(8, generator=g),
-                                 inputs=Rows()) for _ in range(n)]
-        waiting = SimpleNamespace(next_embed=torch.randn(8, generator=g), next_text=None, inputs=Rows())
-        sums = [w.next_embed + w.next_text for w in works]
+        works = [SimpleNamespace(next=(torch.randn(8, generator=g), torch.randn(8, generator=g)), inputs=Rows())
+                 for _ in range(n)]
+        waiting = SimpleNamespace(next_embed=torch.randn(8, generator=g), next=None, inputs=Rows())
+        sums = [w.next[0] + w.next[1] for w in works]
         with AtenCount() as count:
-            FrameStage._join([*works, waiting])
+            x = FrameStage._join([*works, waiting])
         ops[n] = count.n
         for w, s in zip(works, sums, strict=True):
             assert w.inputs.n == 1 and torch.equal(w.inputs.all(), s[None])
-            assert w.next_embed is None and w.next_text is None
+            assert w.next is None
+        assert x is None  # not every row was joined: the step's input is cut from each row's inputs
         assert waiting.inputs.n == 0 and waiting.next_embed is not None
+        assert torch.equal(FrameStage._join([SimpleNamespace(next=(sums[0], sums[1]), inputs=Rows())]),
+                           (sums[0] + sums[1])[None])  # every row joined: the sums are the step's input
     assert ops[2] == ops[24] <= 6, ops

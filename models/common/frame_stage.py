@@ -40,7 +40,7 @@ class FrameWork(Protocol):
     slot: int | None  # its row of `seen`, from its first step
     free_slot: Callable[[int], None]
     next_embed: torch.Tensor | None
-    next_text: torch.Tensor | None  # with next_embed: the parts of its next input, to add
+    next: tuple[torch.Tensor, torch.Tensor] | None  # its next input's two parts (FrameWork.feed), to add
     inputs: InputRows  # every input of the stream, fed or still pending
 
     def fail(self, code: str, message: str) -> None: ...
@@ -122,13 +122,13 @@ class FrameStage:
     def _join(works: list[FrameWork]) -> torch.Tensor | None:
         """Each stream's next input from its two parts: all rows' adds in one op. Returns them [n, H] when every
         work had one (in the works' order)."""
-        ready = [w for w in works if w.next_text is not None]
+        ready = [w for w in works if w.next is not None]
         if not ready:
             return None
-        rows = torch.stack([w.next_embed for w in ready]) + torch.stack([w.next_text for w in ready])
+        rows = torch.stack([w.next[0] for w in ready]) + torch.stack([w.next[1] for w in ready])
         for w, row in zip(ready, rows.unsqueeze(1).unbind(), strict=True):
             w.inputs.append(row)
-            w.next_embed = w.next_text = None
+            w.next = None
         return rows if len(ready) == len(works) else None
 
     def _commit(self, works: list[FrameWork], out: Tensors) -> None:

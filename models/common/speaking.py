@@ -98,17 +98,17 @@ class FrameWork(Work):
         self.kv = kv
         self.inputs = Rows()
         self.next_embed: torch.Tensor | None = None  # codec part of the next input, once a frame is made
-        self.next_text: torch.Tensor | None = None  # its text part, once known (FrameStage adds the two)
+        self.next: tuple[torch.Tensor, torch.Tensor] | None = None  # the next input's codec and text parts
         self.steps = 0  # decode inputs taken; `slot`: its row of the stage's repetition-penalty state
 
     def feed(self, text: torch.Tensor) -> None:
         """The next input is the last frame's codec part plus `text`: the stage adds them for all its rows at
         once (one op a step, not one a row)."""
-        self.next_text, self.steps = text, self.steps + 1
+        self.next, self.next_embed, self.steps = (self.next_embed, text), None, self.steps + 1
 
     def unfed(self) -> int:
         """Inputs the stage has yet to run, the one waiting for its add included."""
-        return self.inputs.n + (self.next_text is not None) - self.kv.length(self.key)
+        return self.inputs.n + (self.next is not None) - self.kv.length(self.key)
 
     def unread(self, written: int) -> int:
         """How many of a writer's `written` reply tokens this stream has yet to read (its prompt holds token 0,

@@ -63,8 +63,7 @@ class TalkerWork(FrameWork):
             if t.head_embeds is None:  # the talker starts on the thinker's first reply token
                 return 0
             self.inputs.append(self.prompt(t))
-        # the last input made its frame (even if its cache was preempted since): its text part is next
-        if self.next_embed is not None and self.next_text is None:
+        if self.next_embed is not None:  # the last input made its frame (even if its cache was preempted since)
             text = self._text(self.steps)
             if text is None:
                 return 0  # the next input waits for the thinker's next token; recomputing now would redo a frame

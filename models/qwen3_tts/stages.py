@@ -29,7 +29,7 @@ class TalkerWork(FrameWork):
         t = self.turn
         if t.finished or t.talker_done:
             return 0
-        if self.next_embed is not None and self.next_text is None:
+        if self.next_embed is not None:
             self.feed(t.prompt.text_for_step(self.steps))
         return self.unfed()
 

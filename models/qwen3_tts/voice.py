@@ -86,7 +86,7 @@ class VoiceWork(FrameWork):
             text = TextIds(v.role + t.reply_ids[:1] + v.tail, [], [])
             self.inputs.append(build_prompt(v.model.talker, v.model.cfg, text, self.language, self.speaker,
                                             streamed=True).embeds)
-        if self.next_embed is not None and self.next_text is None:  # the last input made its frame
+        if self.next_embed is not None:  # the last input made its frame
             k = self.steps + 1
             if k < n:
                 text = self._text(k, n)
