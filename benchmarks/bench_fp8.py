@@ -3,7 +3,8 @@
 timed call, weights per output row), and the Triton block-scaled fp8 kernel (models/common/fp8_moe.py).
 
 Thinker shapes by default (hidden 2048, expert intermediate 768, 128 experts, top-8), batches of 1, 8 and 64
-tokens with random routing; the Triton kernel at each --tiles configuration. For each: median ms
+tokens with random routing; the Triton kernel at each --tiles configuration, and at each --prefill-tiles one (a
+prefill's wide tiles with 16-bit dots, fp8_moe.PREFILL). For each: median ms
 (triton.testing.do_bench, L2 flushed; and replayed from a captured CUDA graph), the weight bytes the routed
 experts hold in that format (scales included), the TB/s at the graph's time, and the error against the float32
 reference (fp8 block weights dequantized, fp32 matmuls) as max |y - ref| / max |ref|. The weights all three
@@ -162,6 +163,9 @@ def main() -> None:
     p.add_argument("--batches", default="1,8,64")
     p.add_argument("--tiles", default="64:128,32:128,128:128,64:64",
                    help="the Triton kernel's TILE_N:TILE_K configurations to time (TILE_K divides 128)")
+    p.add_argument("--prefill-tiles", default="",
+                   help="also time the kernel's wide tiles (fp8_moe.PREFILL, at every batch here), each "
+                        "TILE_M:TILE_N:TILE_K:warps, comma-separated (e.g. 64:128:128:4,128:128:128:8)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     w = Weights.random(args.experts, args.hidden, args.intermediate, args.device)
@@ -174,11 +178,18 @@ def main() -> None:
         xs = torch.randn(ids.numel(), args.hidden, generator=g, device=args.device).bfloat16()
         ref = reference(w, xs, ends)
         active = int((torch.diff(ends, prepend=ends.new_zeros(1)) > 0).sum())
+        wide = [("fp8_block_triton", t) for t in args.prefill_tiles.split(",") if t]
         for method, tile in [(m, None) for m in METHODS if m != "fp8_block_triton"] + [
-                ("fp8_block_triton", t) for t in args.tiles.split(",")]:
-            if tile:
+                ("fp8_block_triton", t) for t in args.tiles.split(",")] + wide:
+            fp8_moe.PREFILL, fp8_moe.PREFILL_ROWS = None, 0
+            if tile and tile.count(":") == 3:
+                fp8_moe.PREFILL = tuple(int(v) for v in tile.split(":"))
+                name = f"{method}[wide m{tile.replace(':', ',')}]"
+            elif tile:
                 fp8_moe.TILE_N, fp8_moe.TILE_K = (int(v) for v in tile.split(":"))
-            name = f"{method}[n{fp8_moe.TILE_N},k{fp8_moe.TILE_K}]" if tile else method
+                name = f"{method}[m{fp8_moe.TILE_M},n{fp8_moe.TILE_N},k{fp8_moe.TILE_K}]"
+            else:
+                name = method
             rows.append(run(method, w, xs, ends, ref, Row(batch, ids.numel(), active, name)))
             r = rows[-1]
             print(f"batch {batch:3d} ({active:3d} experts) {name:36s} "

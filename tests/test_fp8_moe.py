@@ -98,18 +98,40 @@ def run_kernel_cases() -> None:
     from models.common import fp8_moe_kernel
 
     assert isinstance(fp8_moe_kernel.grouped_kernel, InterpretedFunction)
-    for case in CASES:
-        print("case", case, flush=True)
-        kernel_matches_reference(*case)
-        dispatch_matches_reference(*case)
-    print(f"{len(CASES)} kernel cases passed")
+    for wide in (None, (32, 64, 128, 4)):  # the decode's tiles; a prefill's wide ones (float32 dots off CUDA)
+        fp8_moe.PREFILL, fp8_moe.PREFILL_ROWS = wide, 1
+        for case in CASES:
+            print("case", wide, case, flush=True)
+            kernel_matches_reference(*case)
+            dispatch_matches_reference(*case)
+    print(f"{len(CASES)} kernel cases passed, both tilings")
 
 
 def test_kernel_matches_reference_in_interpreter():
     env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "OMP_NUM_THREADS": "1"}
     child = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stdout[-2000:] + child.stderr[-6000:]
-    assert f"{len(CASES)} kernel cases passed" in child.stdout
+    assert f"{len(CASES)} kernel cases passed, both tilings" in child.stdout
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the wide tiles' 16-bit dot runs on CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_wide_tiles_with_16_bit_dots_match_the_reference_on_cuda(dtype):
+    """A prefill's rows (PREFILL_ROWS or more) take the wide tiles, their dots in x's dtype: the same float32 sums
+    as the reference's up to order, rounded once; gathered and scattered alike."""
+    counts = [70, 0, 300, 5, 700, 0, 17, 1]
+    x, q, scale, ends, split = make_case(counts, 400, 1100, 200, dtype)
+    assert x.shape[0] >= fp8_moe.PREFILL_ROWS and fp8_moe.PREFILL is not None
+    cuda = [t.cuda() for t in (x, q, scale, ends)]
+    step = 2**-7 if dtype == torch.bfloat16 else 2**-10
+    want = fp8_moe.grouped_mm_reference(x, q, scale, ends, split).float()
+    got = fp8_moe.grouped_mm_triton(*cuda, split).float().cpu()
+    assert ((got - want).abs() <= want.abs() * step + 1e-4 * float(want.abs().max())).all()
+    d = fp8_moe.Dispatch(torch.randperm(x.shape[0]), 1, torch.rand(x.shape[0]).to(dtype))
+    want = fp8_moe.grouped_mm_reference(x, q, scale, ends, split, scatter=d).float()
+    cd = fp8_moe.Dispatch(d.order.cuda(), 1, d.weights.cuda())
+    got = fp8_moe.grouped_mm_triton(*cuda, split, scatter=cd).float().cpu()
+    assert ((got - want).abs() <= want.abs() * 2 * step + 1e-4 * float(want.abs().max())).all()
 
 
 def test_reference_is_a_matmul_by_each_experts_dequantized_weight():

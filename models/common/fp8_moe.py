@@ -6,7 +6,9 @@ The Triton kernel streams weights: a program takes up to TILE_M rows of one expe
 so each weight byte is read once per TILE_M rows of its expert. Its grid depends only on M and E (enough row
 tiles for any split of M rows over E experts); each program finds its expert and rows from `ends` on the
 device, and a tile past the last expert's rows returns at once: no host sync, CUDA graphs can capture it.
-`split`: where a weight's second half (up, after gate) starts its own 128-row blocks."""
+`split`: where a weight's second half (up, after gate) starts its own 128-row blocks. From PREFILL_ROWS rows on
+(a prefill's dozens of rows an expert) wider tiles re-read each weight less, and a CUDA tile's dot takes x's 16-bit
+dtype, which holds the fp8 values exactly (float32: half the tensor-core rate; Triton's interpreter has no bf16 dot)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch
 from . import fp8, fused
 
 TILE_M, TILE_N, TILE_K = 16, 64, 128
+PREFILL, PREFILL_ROWS = (64, 128, 128, 4), 1024  # (TILE_M, TILE_N, TILE_K, warps) from that many rows; None: off
 DISPATCH = True  # the gather and scatter inside the grouped kernels (False: torch ops around them)
 
 
@@ -94,13 +97,15 @@ def grouped_mm_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, end
     dispatch = gather or scatter
     m = rows if gather is None else gather.order.numel()
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    tiles = (m + (TILE_M - 1) * min(e, m)) // TILE_M  # >= the sum over experts of ceil(rows / TILE_M)
+    wide = PREFILL is not None and m >= PREFILL_ROWS
+    bm, bn, bk, warps = PREFILL if wide else (TILE_M, TILE_N, TILE_K, 4)
+    tiles = (m + (bm - 1) * min(e, m)) // bm  # >= the sum over experts of ceil(rows / bm)
     if tiles:
         order = y if dispatch is None else dispatch.order
         weights = y if scatter is None else scatter.weights
-        K.grouped_kernel[(tiles, -(-n // TILE_N))](
+        K.grouped_kernel[(tiles, -(-n // bn))](
             x.contiguous(), w.contiguous(), scale.contiguous(), ends, y, order, weights,
             1 if dispatch is None else dispatch.top_k, n, k, split, -(-split // 128), scale.shape[1], scale.shape[2],
-            e, 1 << (e - 1).bit_length(), TILE_M, TILE_N, TILE_K, GATHER=gather is not None,
-            SCATTER=scatter is not None)
+            e, 1 << (e - 1).bit_length(), bm, bn, bk, GATHER=gather is not None, SCATTER=scatter is not None,
+            LOW=wide and x.is_cuda and x.dtype != torch.float32, num_warps=warps)
     return y

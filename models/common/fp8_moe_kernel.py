@@ -7,7 +7,7 @@ import triton.language as tl
 @triton.jit
 def grouped_kernel(x_ptr, w_ptr, s_ptr, ends_ptr, y_ptr, order_ptr, wt_ptr, top_k, n, k, split, split_blocks, s_rows,
                    s_cols, E: tl.constexpr, E2: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   GATHER: tl.constexpr, SCATTER: tl.constexpr):
+                   GATHER: tl.constexpr, SCATTER: tl.constexpr, LOW: tl.constexpr):
     """GATHER: sorted row r reads x's row order[r] // top_k; SCATTER: it is written to y's row order[r], times the
     routing weight wt[order[r]] (rounded as eager's multiply)."""
     tile = tl.program_id(0)
@@ -37,8 +37,10 @@ def grouped_kernel(x_ptr, w_ptr, s_ptr, ends_ptr, y_ptr, order_ptr, wt_ptr, top_
         wt = tl.load(w_rows + ks[None, :], mask=col_ok[:, None] & (ks[None, :] < k), other=0.0,
                      eviction_policy="evict_first")
         s = tl.load(s_rows_ptr + k0 // 128, mask=col_ok, other=0.0)
-        # float32 operands: bf16 and fp8 values are exact in tf32 (and the interpreter's bf16 dot is wrong)
-        acc += tl.dot(xt.to(tl.float32), tl.trans(wt.to(tl.float32))) * s[None, :]
+        if LOW:  # x's 16-bit dtype holds the fp8 values exactly; the products are exact in float32
+            acc += tl.dot(xt, tl.trans(wt.to(xt.dtype))) * s[None, :]
+        else:  # bf16 and fp8 values are exact in tf32 (and the interpreter's bf16 dot is wrong)
+            acc += tl.dot(xt.to(tl.float32), tl.trans(wt.to(tl.float32))) * s[None, :]
     y = acc.to(y_ptr.dtype.element_ty)
     dst = rows
     if SCATTER:
