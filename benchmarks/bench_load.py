@@ -24,7 +24,8 @@ that turn in most sessions at once (--eos lets replies end there).
   server's event loop fires (loop_lag, every 5 ms): what each hop through the loop may wait. The engine's three
   longest iterations (engine.longest_rounds: ms, and per stage its host ms and prefill tokens; a stall shows
   there) and every iteration's p50 / p95 (engine.round_ms_p50_p95) and, with TRITON_CACHE_DIR set, the Triton
-  kernels compiled during the level (triton_compiled).
+  kernels compiled during the level (triton_compiled). The process's garbage collections (gc: a count for each
+  generation, the longest and total ms; every thread waits while one runs).
 
 Conversation mode (--turns T above 1; its JSON lines say "mode": "conversation"): each session asks T questions
 on one connection; after a reply (response.done) it waits for the reply's playback to end in real time (the
@@ -49,6 +50,7 @@ import argparse
 import asyncio
 import base64
 import dataclasses
+import gc
 import itertools
 import json
 import math
@@ -71,6 +73,7 @@ from aiohttp import web
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_pipeline import random_program, speech_like  # noqa: E402
+from models.common import fp8_moe  # noqa: E402
 from models.common.fused import SWITCHES, use_triton  # noqa: E402
 from models.common.gpu_memory import cap  # noqa: E402
 from models.qwen3_omni.audio_stream import AudioStream  # noqa: E402
@@ -82,7 +85,7 @@ from realtime.audio import InputStream  # noqa: E402
 from realtime.cli_checks import default_threads  # noqa: E402
 from realtime.input_audio import AudioWorkers  # noqa: E402
 from realtime.pcm import resample  # noqa: E402
-from realtime.server import Server, ServerConfig  # noqa: E402
+from realtime.server import Server, ServerConfig, freeze_loaded  # noqa: E402
 from realtime.session import Limits  # noqa: E402
 
 APPEND_S = 0.02
@@ -313,6 +316,9 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
     server.metrics.turn_timings = lambda t: (timings.append(t), record(t))[-1]
     handoff, rounds = timed_handoff(pipeline), timed_rounds(pipeline)
     lags: list[float] = []
+    if not args.no_gc_freeze:
+        freeze_loaded()  # as serve does once the model is loaded
+    gc_log = gc_pauses()
     runner = web.AppRunner(server.app())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -356,6 +362,7 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
             handoff.clear()
             lags.clear()
             rounds.clear()
+            gc_log.clear()
             compiled = triton_kernels()
             probe = asyncio.create_task(loop_lag(lags))
             traced = args.trace_s and args.trace_s[i % len(args.trace_s)] > 0
@@ -370,6 +377,7 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
             line["engine"]["longest_rounds"] = [r.summary() for r in sorted(rounds, key=lambda r: r.s)[-3:][::-1]]
             if rounds:
                 line["engine"]["round_ms_p50_p95"] = [round(pct([r.s for r in rounds], q) * 1e3, 1) for q in (50, 95)]
+            line["gc"] = gc_summary(gc_log)
             if compiled is not None:
                 line["triton_compiled"] = triton_kernels() - compiled
             if trace is not None:
@@ -474,6 +482,30 @@ def timed_rounds(pipeline: Pipeline) -> list[Round]:
         stage.launch, stage.finish = part(stage, stage.launch), part(stage, stage.finish)
         stage.runner.run = counted(stage, stage.runner.run)
     return rounds
+
+
+def gc_pauses() -> list[tuple[int, float]]:
+    """(generation, seconds) of each garbage collection from now on, appended to the list returned: the
+    collector runs in whichever thread triggers it, holding the GIL, so every thread of the server waits."""
+    pauses: list[tuple[int, float]] = []
+    began = [0.0]
+
+    def note(phase: str, info: dict) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            pauses.append((info["generation"], time.perf_counter() - began[0]))
+
+    gc.callbacks.append(note)
+    return pauses
+
+
+def gc_summary(pauses: list[tuple[int, float]]) -> dict:
+    """Collections a generation, and the ms of the longest and of all."""
+    return {"collections": [sum(1 for g, _ in pauses if g == gen) for gen in range(3)],
+            "ms_max": round(max((s for _, s in pauses), default=0.0) * 1e3, 1),
+            "ms_total": round(sum(s for _, s in pauses) * 1e3, 1),
+            "full_ms_max": round(max((s for g, s in pauses if g == 2), default=0.0) * 1e3, 1)}
 
 
 def triton_kernels() -> int | None:
@@ -756,6 +788,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--settle-s", type=_floats,
                     help=f"a stream that began playing less than this ago does not hold new turns back (the "
                          f"server's: {SETTLE_S}); a comma-separated list cycles over the levels, as --urgent-s does")
+    ap.add_argument("--fp8-wide-rows", type=int, default=fp8_moe.PREFILL_ROWS,
+                    help=f"the fp8 expert kernel's wide tiles (prefills) from this many rows a call (fp8_moe."
+                         f"PREFILL_ROWS, the server's: {fp8_moe.PREFILL_ROWS}); 0: never (the decode's tiles always)")
+    ap.add_argument("--no-gc-freeze", action="store_true",
+                    help="leave what was loaded in the collector's view (serve freezes it: realtime.server."
+                         "freeze_loaded), to A/B its full collections' pauses (each level's gc field)")
     ap.add_argument("--no-encode-ahead", action="store_true",
                     help="serve --no-encode-ahead: the audio is encoded at the commit, not as it arrives")
     args = ap.parse_args(argv)
@@ -794,10 +832,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         voice = random_voice(args.device, args.dtype) if args.voice_model == "random" and not args.tiny \
             else build_voice("tiny-tts" if tiny else args.voice_model, args.device, args.dtype)
     streams = {"max_batch": args.stream_batch} if args.stream_batch else {}
+    if args.fp8_wide_rows <= 0:
+        fp8_moe.PREFILL = None
+    fp8_moe.PREFILL_ROWS = max(1, args.fp8_wide_rows)
     header, program = random_program(args.tiny, args.device, args.dtype, voice, args.quantization,
                                      thinker={"overlap": not args.no_overlap}, talker=streams, code2wav=streams)
     header["stream_batch"] = program.by_name["code2wav"].cfg.max_batch if "code2wav" in program.by_name else None
     header["thinker_overlap"] = not args.no_overlap
+    header.update(fp8_wide_rows=args.fp8_wide_rows if fp8_moe.PREFILL else 0, gc_freeze=not args.no_gc_freeze)
     header["triton"], header["triton_off"] = not triton_off, sorted(triton_off)
     header["voice_model"] = "tiny-tts" if args.voice_model and tiny else args.voice_model or "qwen3-omni talker"
     header["play_ahead_s"] = args.play_ahead_s

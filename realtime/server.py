@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import gc
 import json
 import logging
 import socket
@@ -315,6 +316,14 @@ def _return_large_frees() -> None:
         ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
 
 
+def freeze_loaded() -> None:
+    """What exists before serving (the model, its graphs, the tokenizer: 0.33 M objects with the tiny model) leaves
+    the collector's view. A full collection scans every tracked object while all threads wait: 170 ms for those
+    on this project's CPU box, a stall for every playing stream when the sessions' own objects trigger one."""
+    gc.collect()
+    gc.freeze()
+
+
 def _refuse(status: int, code: str, message: str) -> web.Response:
     return web.json_response({"error": {"message": message, "type": "invalid_request_error", "code": code}},
                              status=status)
@@ -326,6 +335,7 @@ def run(pipeline: Pipeline, cfg: ServerConfig, sock: socket.socket, ssl_context:
     `started` runs once the signal handlers are in place, so a signal sent after it always drains."""
     server = Server(pipeline, cfg)
     app = server.app()
+    freeze_loaded()
     app.on_startup.append(server.drain.install_signals)
 
     async def announce(_: web.Application) -> None:
