@@ -119,7 +119,7 @@ def test_kernel_matches_reference_in_interpreter():
 def test_wide_tiles_with_16_bit_dots_match_the_reference_on_cuda(dtype):
     """A prefill's rows (PREFILL_ROWS or more) take the wide tiles, their dots in x's dtype: the same float32 sums
     as the reference's up to order, rounded once; gathered and scattered alike."""
-    counts = [70, 0, 300, 5, 700, 0, 17, 1]
+    counts = [700, 0, 1500, 5, 900, 0, 17, 1]
     x, q, scale, ends, split = make_case(counts, 400, 1100, 200, dtype)
     assert x.shape[0] >= fp8_moe.PREFILL_ROWS and fp8_moe.PREFILL is not None
     cuda = [t.cuda() for t in (x, q, scale, ends)]
