@@ -318,7 +318,8 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
     lags: list[float] = []
     if not args.no_gc_freeze:
         freeze_loaded()  # as serve does once the model is loaded
-    gc_log = gc_pauses()
+    gc_log = GcPauses()
+    gc.callbacks.append(gc_log)
     runner = web.AppRunner(server.app())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -362,7 +363,7 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
             handoff.clear()
             lags.clear()
             rounds.clear()
-            gc_log.clear()
+            gc_log.pauses.clear()
             compiled = triton_kernels()
             probe = asyncio.create_task(loop_lag(lags))
             traced = args.trace_s and args.trace_s[i % len(args.trace_s)] > 0
@@ -377,7 +378,7 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
             line["engine"]["longest_rounds"] = [r.summary() for r in sorted(rounds, key=lambda r: r.s)[-3:][::-1]]
             if rounds:
                 line["engine"]["round_ms_p50_p95"] = [round(pct([r.s for r in rounds], q) * 1e3, 1) for q in (50, 95)]
-            line["gc"] = gc_summary(gc_log)
+            line["gc"] = gc_summary(gc_log.pauses)
             if compiled is not None:
                 line["triton_compiled"] = triton_kernels() - compiled
             if trace is not None:
@@ -401,6 +402,8 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
                     f.write(json.dumps(line) + "\n")
             lines.append(line)
     finally:
+        gc.callbacks.remove(gc_log)
+        gc.unfreeze()  # this process may go on (a test's)
         if pool is not None:
             pool.shutdown()
         await runner.cleanup()
@@ -484,20 +487,19 @@ def timed_rounds(pipeline: Pipeline) -> list[Round]:
     return rounds
 
 
-def gc_pauses() -> list[tuple[int, float]]:
-    """(generation, seconds) of each garbage collection from now on, appended to the list returned: the
-    collector runs in whichever thread triggers it, holding the GIL, so every thread of the server waits."""
-    pauses: list[tuple[int, float]] = []
-    began = [0.0]
+@dataclass
+class GcPauses:
+    """(generation, seconds) of each garbage collection while it is in gc.callbacks: the collector runs in
+    whichever thread triggers it, holding the GIL, so every thread of the server waits."""
 
-    def note(phase: str, info: dict) -> None:
+    pauses: list[tuple[int, float]] = field(default_factory=list)
+    began: float = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
         if phase == "start":
-            began[0] = time.perf_counter()
+            self.began = time.perf_counter()
         else:
-            pauses.append((info["generation"], time.perf_counter() - began[0]))
-
-    gc.callbacks.append(note)
-    return pauses
+            self.pauses.append((info["generation"], time.perf_counter() - self.began))
 
 
 def gc_summary(pauses: list[tuple[int, float]]) -> dict:
@@ -832,6 +834,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         voice = random_voice(args.device, args.dtype) if args.voice_model == "random" and not args.tiny \
             else build_voice("tiny-tts" if tiny else args.voice_model, args.device, args.dtype)
     streams = {"max_batch": args.stream_batch} if args.stream_batch else {}
+    wide = fp8_moe.PREFILL, fp8_moe.PREFILL_ROWS
     if args.fp8_wide_rows <= 0:
         fp8_moe.PREFILL = None
     fp8_moe.PREFILL_ROWS = max(1, args.fp8_wide_rows)
@@ -862,6 +865,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         InputStream.EAGER_S = EAGER_S
         torch.set_num_threads(threads)
         sys.setswitchinterval(switch_s)
+        fp8_moe.PREFILL, fp8_moe.PREFILL_ROWS = wide
     print(table(lines), file=sys.stderr)
     return lines
 

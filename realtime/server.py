@@ -319,7 +319,8 @@ def _return_large_frees() -> None:
 def freeze_loaded() -> None:
     """What exists before serving (the model, its graphs, the tokenizer: 0.33 M objects with the tiny model) leaves
     the collector's view. A full collection scans every tracked object while all threads wait: 170 ms for those
-    on this project's CPU box, a stall for every playing stream when the sessions' own objects trigger one."""
+    on this project's CPU box; with the full model one took 240 ms in a 64-session burst on the H200 host, a stall
+    for every playing stream (RESULTS.md, fifteenth session)."""
     gc.collect()
     gc.freeze()
 

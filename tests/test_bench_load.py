@@ -7,6 +7,7 @@ stdout and stderr."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import subprocess
@@ -20,6 +21,7 @@ import torch
 from benchmarks import bench_load
 from benchmarks.bench_load import EAGER_S, SEAL, START_BUFFER_S, Player, main
 from benchmarks.gpu_trace import STEP_GAP_NS, Kernel, idle_gaps_ns, steps_ns, summarize, union_ns
+from models.common import fp8_moe
 from models.qwen3_omni.audio_stream import AudioStream
 from realtime.audio import InputStream
 
@@ -47,6 +49,9 @@ def test_four_sessions_through_the_real_server(tmp_path: Path, capsys: pytest.Ca
     assert line["host_cpu"] and line["host_cores"] >= 1 and line["host_loadavg_1m"] >= 0
     assert (line["size"], line["device"], line["dtype"]) == ("tiny", "cpu", "float32")
     assert (line["decode_after_prefill"], line["urgent_s"], line["fed_s"]) == (True, 0.0, 0.1)  # the server's
+    assert line["gc_freeze"] and len(line["gc"]["collections"]) == 3  # the collector's pauses, as serve runs
+    assert 0 <= line["gc"]["full_ms_max"] <= line["gc"]["ms_max"] <= line["gc"]["ms_total"]
+    assert gc.get_freeze_count() == 0 and not any(isinstance(c, bench_load.GcPauses) for c in gc.callbacks)
     assert "ttfa_ms_p95" in proc.err  # the human table
 
 
@@ -94,12 +99,13 @@ def test_the_policy_flags_cycle_over_the_levels(capsys: pytest.CaptureFixture) -
     lines = main(["--tiny", "--device", "cpu", "--sessions", "1,1,1", "--audio-seconds", "0.5", "--text-tokens", "2",
                   "--frames", "3", "--timeout-s", "60", "--decode-after-prefill", "1,0", "--fed-s", "0,0.1,0.2",
                   "--seal", "0,1,0", "--eager-input-s", "0,0.2", "--stream-batch", "3", "--clients-in-process",
-                  "--threads", "1", "--gil-switch-ms", "0.5,0.1"])
+                  "--threads", "1", "--gil-switch-ms", "0.5,0.1", "--fp8-wide-rows", "0"])
     policies = [(x["urgent_s"], x["decode_after_prefill"], x["fed_s"], x["seal"], x["eager_input_s"],
                  x["gil_switch_ms"]) for x in lines]
     assert policies == [(0.0, True, 0.0, False, 0.0, 0.5), (0.25, False, 0.1, True, 0.2, 0.1),
                         (0.0, True, 0.2, False, 0.0, 0.5)]
     assert AudioStream.seal is SEAL and InputStream.EAGER_S == EAGER_S  # the server's own once the benchmark is done
+    assert all(x["fp8_wide_rows"] == 0 for x in lines) and fp8_moe.PREFILL and fp8_moe.PREFILL_ROWS == 3072
     assert sys.getswitchinterval() == switch_s
     assert all(x["threads"] == 1 for x in lines) and torch.get_num_threads() == threads
     assert all(x["stream_batch"] == 3 for x in lines)
