@@ -78,6 +78,7 @@ from models.common.fused import SWITCHES, use_triton  # noqa: E402
 from models.common.gpu_memory import cap  # noqa: E402
 from models.qwen3_omni.audio_stream import AudioStream  # noqa: E402
 from pipelines.admission import FED_S, SETTLE_S  # noqa: E402
+from pipelines.graphs import PrefillGraphs  # noqa: E402
 from pipelines.pipeline import Pipeline  # noqa: E402
 from pipelines.scheduler import URGENT_S  # noqa: E402
 from pipelines.types import Turn  # noqa: E402
@@ -793,6 +794,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--fp8-wide-rows", type=int, default=fp8_moe.PREFILL_ROWS,
                     help=f"the fp8 expert kernel's wide tiles (prefills) from this many rows a call (fp8_moe."
                          f"PREFILL_ROWS, the server's: {fp8_moe.PREFILL_ROWS}); 0: never (the decode's tiles always)")
+    ap.add_argument("--fp8-prefill-tiles", default=None,
+                    help="the wide tiles themselves, TILE_M:TILE_N:TILE_K:warps:stages (fp8_moe.PREFILL, the "
+                         f"server's: {':'.join(map(str, fp8_moe.PREFILL or ()))}), e.g. the fastest of bench_fp8.py "
+                         "--prefill-tiles")
+    ap.add_argument("--prefill-rows", type=int, default=PrefillGraphs.ROWS[-1],
+                    help="the most sequences one captured prefill call holds (PrefillGraphs.ROWS[-1], the server's: "
+                         f"{PrefillGraphs.ROWS[-1]}; a power of 2): more re-read each weight less in a burst")
     ap.add_argument("--no-gc-freeze", action="store_true",
                     help="leave what was loaded in the collector's view (serve freezes it: realtime.server."
                          "freeze_loaded), to A/B its full collections' pauses (each level's gc field)")
@@ -824,6 +832,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     triton_off = set(SWITCHES) if args.no_triton == "all" else set(filter(None, args.no_triton.split(",")))
     if triton_off - set(SWITCHES):
         ap.error(f"--no-triton: unknown kernels {sorted(triton_off - set(SWITCHES))}; known: {', '.join(SWITCHES)}")
+    if args.prefill_rows < 1 or args.prefill_rows & (args.prefill_rows - 1):
+        ap.error(f"--prefill-rows must be a power of 2, not {args.prefill_rows}")
+    try:
+        tiles = tuple(int(v) for v in args.fp8_prefill_tiles.split(":")) if args.fp8_prefill_tiles else None
+    except ValueError:
+        tiles = ()
+    if tiles is not None and (len(tiles) != 5 or min(tiles) < 1):
+        ap.error(f"--fp8-prefill-tiles takes TILE_M:TILE_N:TILE_K:warps:stages, not {args.fp8_prefill_tiles!r}")
     if args.gpu_memory_gib is not None:
         cap(args.device, args.gpu_memory_gib)
     voice, tiny = None, False
@@ -834,15 +850,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
         voice = random_voice(args.device, args.dtype) if args.voice_model == "random" and not args.tiny \
             else build_voice("tiny-tts" if tiny else args.voice_model, args.device, args.dtype)
     streams = {"max_batch": args.stream_batch} if args.stream_batch else {}
-    wide = fp8_moe.PREFILL, fp8_moe.PREFILL_ROWS
-    if args.fp8_wide_rows <= 0:
-        fp8_moe.PREFILL = None
+    wide, rows = (fp8_moe.PREFILL, fp8_moe.PREFILL_ROWS), PrefillGraphs.ROWS
+    fp8_moe.PREFILL = None if args.fp8_wide_rows <= 0 else tiles or fp8_moe.PREFILL
     fp8_moe.PREFILL_ROWS = max(1, args.fp8_wide_rows)
+    PrefillGraphs.ROWS = tuple(1 << i for i in range(args.prefill_rows.bit_length()))
     header, program = random_program(args.tiny, args.device, args.dtype, voice, args.quantization,
                                      thinker={"overlap": not args.no_overlap}, talker=streams, code2wav=streams)
     header["stream_batch"] = program.by_name["code2wav"].cfg.max_batch if "code2wav" in program.by_name else None
     header["thinker_overlap"] = not args.no_overlap
-    header.update(fp8_wide_rows=args.fp8_wide_rows if fp8_moe.PREFILL else 0, gc_freeze=not args.no_gc_freeze)
+    header.update(fp8_wide_rows=args.fp8_wide_rows if fp8_moe.PREFILL else 0, gc_freeze=not args.no_gc_freeze,
+                  fp8_prefill_tiles=list(fp8_moe.PREFILL or ()), prefill_rows=PrefillGraphs.ROWS[-1])
     header["triton"], header["triton_off"] = not triton_off, sorted(triton_off)
     header["voice_model"] = "tiny-tts" if args.voice_model and tiny else args.voice_model or "qwen3-omni talker"
     header["play_ahead_s"] = args.play_ahead_s
@@ -865,7 +882,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         InputStream.EAGER_S = EAGER_S
         torch.set_num_threads(threads)
         sys.setswitchinterval(switch_s)
-        fp8_moe.PREFILL, fp8_moe.PREFILL_ROWS = wide
+        (fp8_moe.PREFILL, fp8_moe.PREFILL_ROWS), PrefillGraphs.ROWS = wide, rows
     print(table(lines), file=sys.stderr)
     return lines
 

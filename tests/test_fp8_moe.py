@@ -98,7 +98,7 @@ def run_kernel_cases() -> None:
     from models.common import fp8_moe_kernel
 
     assert isinstance(fp8_moe_kernel.grouped_kernel, InterpretedFunction)
-    for wide in (None, (32, 64, 128, 4)):  # the decode's tiles; a prefill's wide ones (float32 dots off CUDA)
+    for wide in (None, (32, 64, 128, 4, 2)):  # the decode's tiles; a prefill's wide ones (float32 dots off CUDA)
         fp8_moe.PREFILL, fp8_moe.PREFILL_ROWS = wide, 1
         for case in CASES:
             print("case", wide, case, flush=True)
