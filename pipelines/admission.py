@@ -1,12 +1,10 @@
 """Admission: a new turn's works enter the stages only while the engine keeps the streams it speaks fed.
 
-A committed turn waits while any stream already playing has less than FED_S of audio buffered but is still ahead
-of its listener (the engine is not making audio faster than it is played: one more stream would starve them all);
-the waiting turns then start together, oldest first, their prefills batched. A stream already behind is not helped
-by holding newcomers back: it has no say. A turn never waits longer than MAX_WAIT_S: an engine that cannot
-keep even its present streams fed serves everyone as best it can. Held turns run only behind committed work and
-are not queued here.
-"""
+A committed turn waits while any stream already playing has less than FED_S of audio buffered but is still ahead of its
+listener (the engine is not making audio faster than it is played: one more stream would starve them all); the waiting
+turns then start together, oldest first, their prefills batched. A stream already behind is not helped by holding
+newcomers back: it has no say. A turn never waits longer than MAX_WAIT_S: an engine that cannot keep even its present
+streams fed serves everyone as best it can. Held turns run only behind committed work and are not queued here."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """Held turns: a turn that runs (encode, prefill, generate) while its events wait, to be released or discarded.
 
-A gateway starts one when the user has probably finished speaking but not committed; on the commit it
-releases it, and if the user goes on speaking it discards it (aborted, events dropped, the session rolled
-back by the model's `mark` / `roll_back`). Held work runs only in iterations where no committed work ran.
-"""
+A gateway starts one when the user has probably finished speaking but not committed; on the commit it releases it, and
+if the user goes on speaking it discards it (aborted, events dropped, the session rolled back by the model's `mark` /
+`roll_back`). Held work runs only in iterations where no committed work ran."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """Paged KV cache: fixed-size blocks in one preallocated pool per layer, a block table per sequence.
 
-A sequence (a session's conversation, or a stream of a later stage) owns a list of blocks; its token i lives
-in slot `blocks[i // block_size] * block_size + i % block_size`. Its batch views (kv_views.py's fixed-shape
-ones) implement models.common.layers.KVCache.
-"""
+A sequence (a session's conversation, or a stream of a later stage) owns a list of blocks; its token i lives in slot
+`blocks[i // block_size] * block_size + i % block_size`. Its batch views (kv_views.py's fixed-shape ones) implement
+models.common.layers.KVCache."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """Fixed-shape KV views over the paged cache, block tables read on the device (CUDA-graph safe).
 
-Row r (a sequence) writes its new tokens' K/V at `write_slots[r]` and attends over the first `seq_lens[r]`
-slots its block-table row names: a decode row (one token) through the paged kernel, a prefill row causally
-over its table-wide slots, gathered once per step. Every shape depends only on the bucket and the table
-width. Padding rows and tokens write to a scratch slot that no sequence owns.
-"""
+Row r (a sequence) writes its new tokens' K/V at `write_slots[r]` and attends over the first `seq_lens[r]` slots its
+block-table row names: a decode row (one token) through the paged kernel, a prefill row causally over its table-wide
+slots, gathered once per step. Every shape depends only on the bucket and the table width. Padding rows and tokens write
+to a scratch slot that no sequence owns."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """ModelRunner: runs one scheduled batch of a stage through its model on the stage's device.
 
-The model's part is its `StepModel`; the runner picks the fixed-shape decode when the model has one, else
-the paged KV view for exactly these rows, then commits the cached lengths and times the step.
-"""
+The model's part is its `StepModel`; the runner picks the fixed-shape decode when the model has one, else the paged KV
+view for exactly these rows, then commits the cached lengths and times the step."""
 
 from __future__ import annotations
 

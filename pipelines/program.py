@@ -1,8 +1,7 @@
 """A model's side of the pipeline: the turn bookkeeping every model shares (`StagedProgram`), driven by Pipeline.
 
-A model subclasses StagedProgram and writes what is its own (`new_session`, `prepare`, `truncate_reply`,
-`mark` / `roll_back`, extra counters); the turn lifecycle, counting and KV checks live here once.
-"""
+A model subclasses StagedProgram and writes what is its own (`new_session`, `prepare`, `truncate_reply`, `mark` /
+`roll_back`, extra counters); the turn lifecycle, counting and KV checks live here once."""
 
 from __future__ import annotations
 

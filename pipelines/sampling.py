@@ -1,13 +1,12 @@
 """Batched token sampling on the device, without host syncs.
 
-Randomness is counter based (seed, step, token index hashed to a uniform) and drawn by the Gumbel-max rule,
-so a row's draw does not depend on its batch. Order as the reference: repetition penalty, suppressed ids,
-temperature, top-k, top-p. Top-k keeps every logit equal to the k-th (as transformers' warper does), and
-top-p keeps or drops logits of one value together (the mass strictly above a logit decides).
+Randomness is counter based (seed, step, token index hashed to a uniform) and drawn by the Gumbel-max rule, so a row's
+draw does not depend on its batch. Order as the reference: repetition penalty, suppressed ids, temperature, top-k,
+top-p. Top-k keeps every logit equal to the k-th (as transformers' warper does), and top-p keeps or drops logits of one
+value together (the mass strictly above a logit decides).
 
-On CUDA, vocabularies up to FUSED_MAX_VOCAB are sampled by one Triton kernel a step (sampling_kernel.py) instead
-of ~17 torch kernels and a full sort; larger ones take torch's path.
-"""
+On CUDA, vocabularies up to FUSED_MAX_VOCAB are sampled by one Triton kernel a step (sampling_kernel.py) instead of ~17
+torch kernels and a full sort; larger ones take torch's path."""
 
 from __future__ import annotations
 

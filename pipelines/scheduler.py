@@ -1,17 +1,16 @@
 """Scheduler: picks what one stage runs next, and keeps its KV cache honest.
 
-A work is a sequence with a history of inputs, the first `kv.length(key)` of them cached; a step feeds the
-rest (`pending()`): many is a prefill, one a decode, and an evicted or preempted sequence is recomputed.
+A work is a sequence with a history of inputs, the first `kv.length(key)` of them cached; a step feeds the rest
+(`pending()`): many is a prefill, one a decode, and an evicted or preempted sequence is recomputed.
 
-A new turn's prefill stands between a listener and their first audio, so prefills go first, within a token
-budget, unless a stream of this stage still ahead of real time is about to run dry (under URGENT_S buffered);
-one already behind is not helped by starving new turns. Another stage's prefill does not take this stage's step,
-only lengthens the engine's round, so it does not wait (a rule across stages held every new turn back while any
-of 64 streams was near dry: 15 s to first audio on the H200). A stage whose launch decodes the streams right after
-a prefill (StageConfig.decode_after_prefill) costs them only the prefill's time, so its gate is off (`urgent_s` 0).
-Decodes run most urgent first. Held works are scheduled apart (`schedule(held=True)`) and never take KV blocks from
-committed work.
-"""
+A new turn's prefill stands between a listener and their first audio, so prefills go first, within a token budget,
+unless a stream of this stage still ahead of real time is about to run dry (under URGENT_S buffered); one already behind
+is not helped by starving new turns. Another stage's prefill does not take this stage's step, only lengthens the
+engine's round, so it does not wait (a rule across stages held every new turn back while any of 64 streams was near dry:
+15 s to first audio on the H200). A stage whose launch decodes the streams right after a prefill
+(StageConfig.decode_after_prefill) costs them only the prefill's time, so its gate is off (`urgent_s` 0). Decodes run
+most urgent first. Held works are scheduled apart (`schedule(held=True)`) and never take KV blocks from committed
+work."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The Qwen chat template rendered straight to token ids, audio placeholders expanded in place. Text between
-special tokens is one piece, as the reference splits the template text at added tokens: the same ids.
-"""
+"""The Qwen chat template rendered straight to token ids, audio placeholders expanded in place. Text between special
+tokens is one piece, as the reference splits the template text at added tokens: the same ids."""
 
 from __future__ import annotations
 
@@ -74,7 +73,6 @@ def render(tokenizer: Tokenizer, turns: Iterable[Turn], add_generation_prompt: b
 def render_continuation(tokenizer: Tokenizer, turns: Iterable[Turn], add_generation_prompt: bool = True) -> Prompt:
     """The new part of a conversation whose cached prefix ends with a generated reply and its <|im_end|>.
 
-    render(history + [reply] + turns) == render(history) + reply ids + <|im_end|> + render_continuation(turns)
-    """
+    render(history + [reply] + turns) == render(history) + reply ids + <|im_end|> + render_continuation(turns)"""
     return Prompt(tuple(tokenizer.encode("\n"))) + render(tokenizer, turns, add_generation_prompt)
 

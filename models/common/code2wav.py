@@ -1,12 +1,11 @@
-"""Code2Wav: 16 codebooks per 80 ms frame -> 1920 samples of 24 kHz audio. codes -> mean of 16 code
-embeddings -> sliding-window causal transformer -> 2 x (transposed conv x2 + ConvNeXt) -> causal conv ->
-4 decoder blocks (SnakeBeta, transposed conv x r, 3 dilated residual units) -> SnakeBeta -> causal conv.
+"""Code2Wav: 16 codebooks per 80 ms frame -> 1920 samples of 24 kHz audio. codes -> mean of 16 code embeddings ->
+sliding-window causal transformer -> 2 x (transposed conv x2 + ConvNeXt) -> causal conv -> 4 decoder blocks (SnakeBeta,
+transposed conv x r, 3 dilated residual units) -> SnakeBeta -> causal conv.
 
-Every conv is causal (zero left padding of `context` inputs). A decoder transposed conv (kernel 2r,
-stride r, trimmed by r at both ends) makes block j from inputs j and j+1; the block that would need the
-input after the last is dropped, not guessed. That is the only look-ahead (`lookahead` = 1 input):
-F frames decode to F * 1920 - `holdback` (555) samples. code2wav_batch.py streams the same modules.
-"""
+Every conv is causal (zero left padding of `context` inputs). A decoder transposed conv (kernel 2r, stride r, trimmed by
+r at both ends) makes block j from inputs j and j+1; the block that would need the input after the last is dropped, not
+guessed. That is the only look-ahead (`lookahead` = 1 input): F frames decode to F * 1920 - `holdback` (555) samples.
+code2wav_batch.py streams the same modules."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The Code2Wav stage: each speaking turn's oldest waiting frame, batched across turns (first frames in one
-fixed-shape call, later ones in another), each turn's stream in a Code2WavSlots slot until it ends.
-"""
+"""The Code2Wav stage: each speaking turn's oldest waiting frame, batched across turns (first frames in one fixed-shape
+call, later ones in another), each turn's stream in a Code2WavSlots slot until it ends."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""Config dataclasses shared by models (a decoder-only transformer, the code predictor, Code2Wav) and their
-parsing from config.json, in transformers 5's form (`rope_parameters`) or the older one (`rope_theta` +
-`rope_scaling`). Sizes and ids are required, never a silently wrong default; only keys whose default is
-the real checkpoint's value may be left out (OPTIONAL).
-"""
+"""Config dataclasses shared by models (a decoder-only transformer, the code predictor, Code2Wav) and their parsing from
+config.json, in transformers 5's form (`rope_parameters`) or the older one (`rope_theta` + `rope_scaling`). Sizes and
+ids are required, never a silently wrong default; only keys whose default is the real checkpoint's value may be left out
+(OPTIONAL)."""
 
 from __future__ import annotations
 

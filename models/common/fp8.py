@@ -70,11 +70,10 @@ def quantize_pieces(w: torch.Tensor, pieces: int) -> tuple[torch.Tensor, torch.T
 
 
 def fp8_experts_(model: nn.Module, empty: bool = False) -> None:
-    """`--quantization fp8`: every MoE expert weight replaced by its fp8 e4m3 value with 128x128 block scales
-    (gate and up quantized apart, as published; their scales one after the other in `<w>_scale_inv`), so the
-    experts hold only fp8 bytes and scales and run through fp8_moe. `empty`: only that storage is made (on the
-    meta device for a model built there), for the loader to fill as it reads (weights.py): the experts are then
-    never held in full precision."""
+    """`--quantization fp8`: every MoE expert weight replaced by its fp8 e4m3 value with 128x128 block scales (gate and
+    up quantized apart, as published; their scales one after the other in `<w>_scale_inv`), so the experts hold only fp8
+    bytes and scales and run through fp8_moe. `empty`: only that storage is made (on the meta device for a model built
+    there), for the loader to fill as it reads (weights.py): the experts are then never held in full precision."""
     experts = [m for m in model.modules() if isinstance(m, layers.Experts)]
     if not experts:
         raise ValueError("--quantization fp8 quantizes MoE experts, and this model has none")

@@ -1,7 +1,6 @@
-"""The frame LM's model side: a talker (`FrameTalker`, all the frame step and stage use of one) whose every
-step makes one codec frame: codebook 0 from its codec head, codebooks 1..N-1 from the code predictor; the
-sum of the frame's code embeddings is the codec part of the talker's next input.
-"""
+"""The frame LM's model side: a talker (`FrameTalker`, all the frame step and stage use of one) whose every step makes
+one codec frame: codebook 0 from its codec head, codebooks 1..N-1 from the code predictor; the sum of the frame's code
+embeddings is the codec part of the talker's next input."""
 
 from __future__ import annotations
 

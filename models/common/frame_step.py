@@ -1,7 +1,6 @@
-"""The frame LM's fixed-shape steps, pure functions of static tensors (what the graph runner captures):
-`FrameStep` makes one codec frame per row, `FramePrefill` feeds streams' new tokens and ends in the same
-frame. Rows are independent, so padding rows change no real row's result.
-"""
+"""The frame LM's fixed-shape steps, pure functions of static tensors (what the graph runner captures): `FrameStep`
+makes one codec frame per row, `FramePrefill` feeds streams' new tokens and ends in the same frame. Rows are
+independent, so padding rows change no real row's result."""
 
 from __future__ import annotations
 

@@ -1,14 +1,13 @@
-"""Fused Triton kernels (one each instead of 5 to 24) for RMSNorm, residual add + RMSNorm, per-head QK
-RMSNorm + rotate-half rope, the codec's SnakeBeta, the MoE router (softmax, top-k, renormalise) and SwiGLU's
-silu(gate) * up, and the code predictor's attention over its frame's few positions, on CUDA tensors at inference;
-anything else takes the torch path.
+"""Fused Triton kernels (one each instead of 5 to 24) for RMSNorm, residual add + RMSNorm, per-head QK RMSNorm +
+rotate-half rope, the codec's SnakeBeta, the MoE router (softmax, top-k, renormalise) and SwiGLU's silu(gate) * up, and
+the code predictor's attention over its frame's few positions, on CUDA tensors at inference; anything else takes the
+torch path.
 
-They round where the torch path rounds (the norm in float32, cast to the dtype, then the weight multiply
-rounded; rope's products and sum each rounded) and with no FMA contraction (`enable_fp_fusion=False`),
-as eager's separate multiply and add kernels round twice. The router's softmax takes CUDA's expf and rounded
-division as torch's does; only its sums run in another order. Launches depend on shapes only, so CUDA graphs
-can capture them once warmed up eagerly (the first call compiles).
-"""
+They round where the torch path rounds (the norm in float32, cast to the dtype, then the weight multiply rounded; rope's
+products and sum each rounded) and with no FMA contraction (`enable_fp_fusion=False`), as eager's separate multiply and
+add kernels round twice. The router's softmax takes CUDA's expf and rounded division as torch's does; only its sums run
+in another order. Launches depend on shapes only, so CUDA graphs can capture them once warmed up eagerly (the first call
+compiles)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Building blocks of the thinker, the talkers, the code predictor and Code2Wav. Parameter names are the
-checkpoint's but the fused ones (weights.py maps them): `qkv` rows [q | k | v], `gate_up` rows [gate | up],
-stacked experts `w13` [E, 2I, H] and `w2` [E, H, I].
-"""
+"""Building blocks of the thinker, the talkers, the code predictor and Code2Wav. Parameter names are the checkpoint's
+but the fused ones (weights.py maps them): `qkv` rows [q | k | v], `gate_up` rows [gate | up], stacked experts `w13` [E,
+2I, H] and `w2` [E, H, I]."""
 
 from __future__ import annotations
 

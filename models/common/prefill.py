@@ -1,6 +1,5 @@
-"""A stage's prefill: one forward function, run at `PrefillGraphs`' fixed shapes where sequences fit its
-buckets, else in one eager call built for the longest row's tokens and the widest row's block table.
-"""
+"""A stage's prefill: one forward function, run at `PrefillGraphs`' fixed shapes where sequences fit its buckets, else
+in one eager call built for the longest row's tokens and the widest row's block table."""
 
 from __future__ import annotations
 

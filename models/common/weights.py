@@ -1,10 +1,8 @@
 """Checkpoint loading: stream safetensors shards into a model built on the meta device.
 
-Every checkpoint tensor (an fp8 one times its block scales, unless the model holds it in fp8: fp8.py) lands in
-exactly one parameter (or one slice of a fused or stacked one: _RULES) or is skipped, unread: outside the prefix
-asked for, or dropped by the model's `rename` (None). Every parameter must be filled. Anything else is an error
-naming the keys.
-"""
+Every checkpoint tensor (an fp8 one times its block scales, unless the model holds it in fp8: fp8.py) lands in exactly
+one parameter (or one slice of a fused or stacked one: _RULES) or is skipped, unread: outside the prefix asked for, or
+dropped by the model's `rename` (None). Every parameter must be filled. Anything else is an error naming the keys."""
 
 from __future__ import annotations
 
