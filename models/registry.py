@@ -1,9 +1,6 @@
-"""Which model folder serves a checkpoint: by config.json's `model_type`, or by a tiny preset's name.
-
-Adding a model is one entry in MODELS: its model_type, its tiny presets, and the function that builds
-its Pipeline. Nothing else outside the model's folder names it. A model that writes text replies can speak
-them with another model's voice (pipelines/voice.py): `build_pipeline(model, voice_model=...)`.
-"""
+"""Which model folder serves a checkpoint (by config.json's `model_type`) or a tiny preset. Adding a model is
+one entry in MODELS; nothing else outside its folder names it. A model that writes text replies can speak them
+with another model's voice (pipelines/voice.py): `build_pipeline(model, voice_model=...)`."""
 
 from __future__ import annotations
 
@@ -69,9 +66,8 @@ def _load(target: str):
 
 
 def describe(model: str, voice_model: str = "") -> ModelSpec:
-    """What `model` (speaking with `voice_model`'s voice, if given) declares (rates, voices, abilities), read
-    from the configs without loading weights; ValueError (or OSError) for a config that cannot be read or a
-    pair that cannot be composed."""
+    """What `model` (speaking with `voice_model`'s voice, if given) declares, from the configs alone; ValueError
+    (or OSError) for a config that cannot be read or a pair that cannot be composed."""
     spec = _load(entry(model).describer)(model)
     if not voice_model:
         return spec
@@ -85,12 +81,10 @@ def describe(model: str, voice_model: str = "") -> ModelSpec:
 def build_pipeline(model: str, device: str = "cpu", dtype: str | None = None, graphs: bool | None = None,
                    kv_memory_gib: float | None = None, voice_model: str = "", quantization: str | None = None,
                    gpu_memory_gib: float | None = None, triton: bool = True, **stage_overrides: dict) -> Pipeline:
-    """Load `model` and return its (not yet started) Pipeline. `graphs` None: CUDA graphs on CUDA;
-    `kv_memory_gib` None: on CUDA, KV caches from the memory left after the weights. `voice_model`: a model
-    whose voice speaks `model`'s replies (loaded first, so `model`'s caches take the memory left).
-    `quantization` "fp8": `model`'s MoE experts quantized as they load (common/fp8.py). `gpu_memory_gib`: on CUDA
-    the process takes at most this much (common/gpu_memory.py); the KV caches take what it leaves. `triton`
-    False: the steps on torch's kernels, not ours (common/fused.use_triton: process-wide)."""
+    """`model`'s Pipeline, not started. `graphs` None: on CUDA; `kv_memory_gib` None: on CUDA, what the weights
+    leave. `voice_model` (loaded first, so `model`'s caches take the memory left) speaks `model`'s replies.
+    `quantization` "fp8": MoE experts quantized as they load. `gpu_memory_gib`: the process's cap on CUDA (the KV
+    caches take what it leaves). `triton` False: torch's kernels, not ours (process-wide)."""
     if quantization not in (None, "fp8"):
         raise ValueError(f"quantization '{quantization}' is not supported (fp8 only)")
     if gpu_memory_gib is not None:

@@ -77,8 +77,6 @@ class AudioEncoderLayer(nn.Module):
 
 
 class AudioEncoder(nn.Module):
-    """Mel features of one or several audios -> their audio token embeddings, concatenated."""
-
     def __init__(self, cfg: AudioEncoderConfig) -> None:
         super().__init__()
         if cfg.activation_function != "gelu":
@@ -100,16 +98,13 @@ class AudioEncoder(nn.Module):
 
     @property
     def chunk_tokens(self) -> int:
-        """Tokens of a full chunk (2 * n_window mel frames)."""
         return int(self.token_count(2 * self.cfg.n_window))
 
     def window_tokens(self, chunk_tokens: int) -> int:
-        """Cells of an attention window (n_window_infer frames) of chunks of `chunk_tokens` tokens."""
         return chunk_tokens * (self.cfg.n_window_infer // (2 * self.cfg.n_window))
 
-    def forward(
-        self, features: torch.Tensor | Sequence[torch.Tensor], lengths: torch.Tensor | Sequence[int] | None = None
-    ) -> torch.Tensor:
+    def forward(self, features: torch.Tensor | Sequence[torch.Tensor],
+                lengths: torch.Tensor | Sequence[int] | None = None) -> torch.Tensor:
         """features: a list of [mel, T_i], one [mel, T], or a right-padded batch [B, mel, T] with `lengths`
         (frames per audio). Returns [N_tokens, output_dim], the audios' tokens one after another."""
         audios = _as_list(features, lengths)
@@ -121,8 +116,7 @@ class AudioEncoder(nn.Module):
         return self.transform(x, [a.shape[1] for a in audios], per_chunk)
 
     def transform(self, x: torch.Tensor, frames: list[int], chunk_tokens: int) -> torch.Tensor:
-        """The transformer and output projection over packed chunk embeddings [N, d_model] of audios of
-        `frames` mel frames each (attention windows restart at each audio's start)."""
+        """The transformer over packed chunk embeddings [N, d_model] of audios of `frames` mel frames each."""
         slots, key_mask = self.windows(frames, chunk_tokens, x.device)
         for layer in self.layers:
             x = layer(x, slots, key_mask)
@@ -135,9 +129,8 @@ class AudioEncoder(nn.Module):
             grid = layer(grid, None, key_mask)
         return self.proj2(F.gelu(self.proj1(self.ln_post(grid))))
 
-    def encode(
-        self, features: torch.Tensor | Sequence[torch.Tensor], lengths: torch.Tensor | Sequence[int] | None = None
-    ) -> list[torch.Tensor]:
+    def encode(self, features: torch.Tensor | Sequence[torch.Tensor],
+               lengths: torch.Tensor | Sequence[int] | None = None) -> list[torch.Tensor]:
         """As `forward`, split into one [N_i, output_dim] tensor per audio."""
         audios = _as_list(features, lengths)
         counts = [int(self.token_count(a.shape[1])) for a in audios]
@@ -186,9 +179,8 @@ class AudioEncoder(nn.Module):
         return torch.cat(slots).to(device), mask.to(device)
 
 
-def _as_list(
-    features: torch.Tensor | Sequence[torch.Tensor], lengths: torch.Tensor | Sequence[int] | None
-) -> list[torch.Tensor]:
+def _as_list(features: torch.Tensor | Sequence[torch.Tensor],
+             lengths: torch.Tensor | Sequence[int] | None) -> list[torch.Tensor]:
     if isinstance(features, torch.Tensor):
         if features.dim() == 2:
             features = features[None]

@@ -74,9 +74,8 @@ class AudioStream:
             self._sealed = (self.n, *self._finish_parts())
 
     def finish_parts(self) -> tuple[torch.Tensor, Tail]:
-        """`finish` less its last transformer call, which `finish_all` runs for several streams at once:
-        (features, the tail of the encoder output still to compute). Once only after `seal` (finish_all uses the
-        tail up)."""
+        """`finish` less its last transformer call, which `finish_all` runs for several streams at once: (features,
+        the tail still to compute). Once only after `seal` (finish_all uses the tail up)."""
         sealed, self._sealed = self._sealed, None
         if sealed is not None and sealed[0] == self.n:
             return sealed[1], sealed[2]
@@ -175,9 +174,8 @@ class AudioStream:
 
 @dataclass
 class Tail:
-    """An audio's encoder output as finished windows plus what the transformer has yet to see: chunk embeddings,
-    and the last part chunk's features, not yet embedded (`piece`, padded to a chunk; its first `piece_tokens`
-    count)."""
+    """An audio's encoder output as finished windows plus what the transformer has yet to see: chunk embeddings and
+    the last part chunk's features (`piece`, padded to a chunk, not yet embedded; its first `piece_tokens` count)."""
 
     windows: list[torch.Tensor]
     chunks: list[torch.Tensor]  # [tokens, d_model] each, of the last `frames` mel frames with the piece
@@ -188,9 +186,8 @@ class Tail:
 
 def finish_all(tower: AudioEncoder, tails: list[Tail],
                transform: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None) -> list[torch.Tensor]:
-    """Each tail's whole encoder output; the tails' last part chunks are embedded in one call and what they still
-    need of the transformer runs in one call (attention windows restart at each audio, as alone): `transform`
-    (x, frames), by default `tower.transform`."""
+    """Each tail's whole encoder output: the last part chunks embedded in one call, and what the tails still need
+    of the transformer in one call of `transform(x, frames)` (default `tower.transform`; windows restart per audio)."""
     pieces = [t for t in tails if t.piece is not None]
     if pieces:
         embedded = tower.embed_chunks(torch.stack([t.piece for t in pieces]))

@@ -48,8 +48,7 @@ class AudioEncoderConfig:
 
     @classmethod
     def from_hf(cls, d: dict) -> AudioEncoderConfig:
-        w = "thinker_config.audio_config"
-        return cls(**read_fields(cls, d, w, optional=AUDIO_OPTIONAL))
+        return cls(**read_fields(cls, d, "thinker_config.audio_config", optional=AUDIO_OPTIONAL))
 
 
 @dataclass(frozen=True)
@@ -138,25 +137,17 @@ class OmniConfig:
         block_size(d.get("quantization_config"))  # refuses a quantization the loader does not read
         g = lambda k: required(d, k, "config.json")  # noqa: E731
         speaks = "talker_config" in d
-        return cls(
-            thinker=ThinkerConfig.from_hf(g("thinker_config")),
-            talker=TalkerConfig.from_hf(g("talker_config")) if speaks else None,
-            code2wav=Code2WavConfig.from_hf(g("code2wav_config")) if speaks else None,
-            **read_fields(cls, d, "config.json", ("thinker", "talker", "code2wav", "raw", *TTS_IDS)),
-            **{k: g(k) if speaks else d.get(k, default) for k, default in TTS_IDS.items()},
-            raw=d,
-        )
+        return cls(thinker=ThinkerConfig.from_hf(g("thinker_config")),
+                   talker=TalkerConfig.from_hf(g("talker_config")) if speaks else None,
+                   code2wav=Code2WavConfig.from_hf(g("code2wav_config")) if speaks else None, raw=d,
+                   **read_fields(cls, d, "config.json", ("thinker", "talker", "code2wav", "raw", *TTS_IDS)),
+                   **{k: g(k) if speaks else d.get(k, default) for k, default in TTS_IDS.items()})
 
     @classmethod
     def from_file(cls, path: str | Path) -> OmniConfig:
-        return cls.from_hf(read_config(path))
-
-
-def read_config(path: str | Path) -> dict:
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError as e:
-        raise ConfigError(f"no config.json at {path}") from e
+        path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
+        try:
+            d = json.loads(path.read_text())
+        except FileNotFoundError as e:
+            raise ConfigError(f"no config.json at {path}") from e
+        return cls.from_hf(d)

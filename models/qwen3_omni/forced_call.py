@@ -88,7 +88,6 @@ class CallWriter:
     @classmethod
     def for_choice(cls, tokenizer: Tokenizer, tools: Sequence[Mapping[str, Any]],
                    tool_choice: str | Mapping) -> CallWriter | None:
-        """A writer when tool_choice asks for a call (and there are tools), else None."""
         if not tools or not (tool_choice == "required" or isinstance(tool_choice, Mapping)):
             return None
         return cls(tokenizer, tools, deque(call_parts(tools, tool_choice)))

@@ -29,7 +29,6 @@ SPEAKING = ("talker.", "code2wav.")  # what another model's voice replaces (load
 
 
 def _skipping(*prefixes: str) -> Rename:
-    """A checkpoint rename that leaves out (never reads) the tensors under `prefixes`."""
     return lambda key: None if key.startswith(prefixes) else key
 
 
@@ -38,7 +37,6 @@ load_weights = partial(load_any, rename=_skipping(VISION_PREFIX))
 
 class Qwen3Omni(nn.Module):
     def __init__(self, cfg: OmniConfig, speaks: bool = True) -> None:
-        """`speaks` False: no talker or Code2Wav (another model's voice speaks)."""
         super().__init__()
         self.cfg = cfg
         self.thinker = Thinker(cfg.thinker)
@@ -49,9 +47,8 @@ class Qwen3Omni(nn.Module):
 def load_model(model: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                seed: int = 0, quantization: str | None = None, speaks: bool = True) -> Qwen3Omni:
     """A tiny preset with seeded random weights, or a checkpoint directory streamed in one pass onto `device`.
-    MoE experts in fp8 (fp8.py) with `quantization` "fp8", or when the checkpoint stores them in fp8 128x128 blocks
-    (kept as stored): a checkpoint's are quantized (or copied) as they are read, never held in `dtype`.
-    `speaks` False (another model's voice speaks): no talker or Code2Wav, their weights never read."""
+    MoE experts in fp8 with `quantization` "fp8" or when the checkpoint stores them in fp8 128x128 blocks: quantized
+    (or copied) as they are read, never held in `dtype`. `speaks` False: no talker or Code2Wav, never read."""
     start = time.perf_counter()
     if str(model) in PRESETS:
         cfg = OmniConfig.from_hf(PRESETS[str(model)]())

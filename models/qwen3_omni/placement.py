@@ -20,14 +20,12 @@ TEXT_STAGES = STAGE_NAMES[:2]  # a checkpoint without a talker
 
 
 def default_stages(device: str, graphs: bool = False) -> tuple[StageConfig, ...]:
-    return (
-        StageConfig("code2wav", device, max_batch=64, graphs=graphs),
-        StageConfig("talker", device, max_batch=64, kv_blocks=2048, graphs=graphs, graph_context=4096,
-                    decode_after_prefill=True),
-        StageConfig("thinker", device, max_batch=64, kv_blocks=4096, graphs=graphs, graph_context=8192, overlap=True,
-                    decode_after_prefill=True),
-        StageConfig("audio_encoder", device, max_batch=16, graphs=graphs),
-    )
+    return (StageConfig("code2wav", device, max_batch=64, graphs=graphs),
+            StageConfig("talker", device, max_batch=64, kv_blocks=2048, graphs=graphs, graph_context=4096,
+                        decode_after_prefill=True),
+            StageConfig("thinker", device, max_batch=64, kv_blocks=4096, graphs=graphs, graph_context=8192,
+                        overlap=True, decode_after_prefill=True),
+            StageConfig("audio_encoder", device, max_batch=16, graphs=graphs))
 
 
 @dataclass(frozen=True)
@@ -67,9 +65,8 @@ class PipelineConfig:
         stage override gives `kv_blocks`); on CPU float32, eager, small fixed caches."""
         cuda = device.startswith("cuda")
         graphs = cuda if graphs is None else graphs
-        stages = tuple(
-            StageConfig(**{**s.__dict__, **stage_overrides.get(s.name, {})}) for s in default_stages(device, graphs)
-        )
+        stages = tuple(StageConfig(**{**s.__dict__, **stage_overrides.get(s.name, {})})
+                       for s in default_stages(device, graphs))
         if cuda and kv_memory_gib is None and not any("kv_blocks" in o for o in stage_overrides.values()):
             kv_memory_gib = -1.0  # auto: from free memory once the weights are loaded
         dtype = dtype or ("bfloat16" if cuda else "float32")
@@ -102,8 +99,5 @@ def kv_layouts(model: Qwen3Omni, cfg: PipelineConfig) -> dict[str, KVLayout]:
             blocks[name] = int(thinker_tokens * share[name]) // cfg.stage(name).block_size
         log.info("KV cache: %.1f GiB, %s", gib,
                  ", ".join(f"{n} {blocks[n] * cfg.stage(n).block_size} tokens" for n in texts))
-    return {
-        n: KVLayout(t.num_hidden_layers, t.num_key_value_heads, t.head_dim, blocks[n], cfg.stage(n).block_size,
-                    getattr(torch, cfg.dtype), cfg.device)
-        for n, t in texts.items()
-    }
+    return {n: KVLayout(t.num_hidden_layers, t.num_key_value_heads, t.head_dim, blocks[n], cfg.stage(n).block_size,
+                        getattr(torch, cfg.dtype), cfg.device) for n, t in texts.items()}

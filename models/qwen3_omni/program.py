@@ -68,7 +68,6 @@ class Qwen3OmniProgram(StagedProgram):
         self.holdback = voice.holdback if voice else model.code2wav.holdback if model.code2wav else None
         super().__init__(spec, stages, session_stage="thinker")
         thinker = caches["thinker"].layout
-        # tokens one conversation can ever hold
         self.max_context = min(thinker.num_blocks * thinker.block_size, MAX_POSITIONS)
         self.capture_s = self.capture()
 
@@ -150,13 +149,11 @@ class Qwen3OmniProgram(StagedProgram):
         ahead = [f for f in features if isinstance(f, AudioStream)]
         self.ahead["turns"] += bool(ahead)
         self.ahead["chunks_cached"] += sum(f.cached_chunks for f in ahead)  # encoded before the commit
-        state = TurnState(
-            turn.turn_id, session, opts, emit, self.tokenizer.stream_decoder(skip_special=True), im_end,
-            self.steps["thinker"].tts, self.spec.output_rate, prompt_ids=list(prompt.ids),
-            cached_tokens=len(session.ids),
-            audio_features=features, speaking=opts.audio, tool_call_id=self.tokenizer.special_ids["<tool_call>"],
-            audio_token_id=self.model.cfg.thinker.audio_token_id,
-        )
+        state = TurnState(turn.turn_id, session, opts, emit, self.tokenizer.stream_decoder(skip_special=True), im_end,
+                          self.steps["thinker"].tts, self.spec.output_rate, prompt_ids=list(prompt.ids),
+                          cached_tokens=len(session.ids), audio_features=features, speaking=opts.audio,
+                          tool_call_id=self.tokenizer.special_ids["<tool_call>"],
+                          audio_token_id=self.model.cfg.thinker.audio_token_id)
         writer = CallWriter.for_choice(self.tokenizer, opts.tools, opts.tool_choice)
         if writer is not None:
             state.force = forcing(writer, self.model.thinker.embed)

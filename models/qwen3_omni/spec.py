@@ -19,11 +19,8 @@ from .config import OmniConfig
 
 INPUT_RATE = 16000  # the audio encoder's log-mel front end reads 16 kHz
 OUTPUT_RATE = 24000  # Code2Wav's samples per second
-DEFAULTS = {
-    "thinker": GREEDY,
-    "talker": SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.05),
-    "predictor": SamplingParams(top_k=50, top_p=0.8),
-}
+DEFAULTS = {"thinker": GREEDY, "talker": SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.05),
+            "predictor": SamplingParams(top_k=50, top_p=0.8)}
 
 
 def checkpoint_sampling(model: str, stage: str, default: SamplingParams) -> SamplingParams:
@@ -35,11 +32,9 @@ def checkpoint_sampling(model: str, stage: str, default: SamplingParams) -> Samp
     if not g:
         return default
     sample = g.get("do_sample", not default.greedy)
-    return SamplingParams(
-        greedy=not sample, temperature=float(g.get("temperature", default.temperature)),
-        top_k=int(g.get("top_k", default.top_k) or 0), top_p=float(g.get("top_p", default.top_p)),
-        repetition_penalty=float(g.get("repetition_penalty", default.repetition_penalty)),
-    )
+    return SamplingParams(greedy=not sample, temperature=float(g.get("temperature", default.temperature)),
+                          top_k=int(g.get("top_k", default.top_k) or 0), top_p=float(g.get("top_p", default.top_p)),
+                          repetition_penalty=float(g.get("repetition_penalty", default.repetition_penalty)))
 
 
 def describe(model: str) -> ModelSpec:
@@ -55,12 +50,10 @@ def omni_spec(cfg: OmniConfig, model: str) -> ModelSpec:
     voices = tuple(name for name, _ in cfg.talker.speakers) if speaks else ()
     return ModelSpec(
         name="qwen3-omni" if speaks else "qwen3-omni-thinker", family="qwen3_omni_moe", input_rate=INPUT_RATE,
-        output_rate=OUTPUT_RATE if speaks else 0,
-        frame_samples=cfg.code2wav.samples_per_frame if speaks else 0, voices=voices,
-        default_voice="ethan" if "ethan" in voices else (voices[0] if voices else ""),
+        output_rate=OUTPUT_RATE if speaks else 0, frame_samples=cfg.code2wav.samples_per_frame if speaks else 0,
+        voices=voices, default_voice="ethan" if "ethan" in voices else (voices[0] if voices else ""),
         instructions=True, text_out=True, transcribes=True, tools=True, sampling=sampling,
-        tiny="tiny" if speaks else "tiny-thinker",
-    )
+        tiny="tiny" if speaks else "tiny-thinker")
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,6 @@ class Talker(FrameTalker):
         self.code_predictor = CodePredictor(cfg.code_predictor)
 
     def project_text(self, thinker_embeds: torch.Tensor) -> torch.Tensor:
-        """Thinker token embeddings [..., H_thinker] -> talker inputs [..., H]."""
         return self.text_projection(thinker_embeds)
 
     def project_hidden(self, thinker_hidden: torch.Tensor) -> torch.Tensor:

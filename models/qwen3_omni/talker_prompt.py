@@ -53,9 +53,8 @@ def user_mask(input_ids: torch.Tensor, cfg: OmniConfig) -> torch.Tensor:
     return role == cfg.user_token_id
 
 
-def assistant_prefix(
-    talker: Talker, cfg: OmniConfig, head_embeds: torch.Tensor, tts: TtsEmbeds, speaker_id: int
-) -> torch.Tensor:
+def assistant_prefix(talker: Talker, cfg: OmniConfig, head_embeds: torch.Tensor, tts: TtsEmbeds,
+                     speaker_id: int) -> torch.Tensor:
     """[9, H]. head_embeds [4, H_thinker]: thinker embeddings of im_start, assistant, newline, reply token 0."""
     head = talker.project_text(head_embeds)
     text = torch.cat((head[:3], tts.pad.expand(4, -1), tts.bos[None], head[3:4]))
@@ -64,4 +63,3 @@ def assistant_prefix(
                  t.codec_bos_id]
     codec = talker.embed_codec(torch.tensor(codec_ids, device=text.device))
     return text + torch.cat((torch.zeros_like(text[:3]), codec))
-

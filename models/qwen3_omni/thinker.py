@@ -28,9 +28,8 @@ class TextModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.mrope_section)
 
-    def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None, capture_layer: int | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None,
+                capture_layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = len(self.layers)
         if capture_layer is not None and not 0 <= capture_layer <= n:
             raise ValueError(f"capture_layer {capture_layer} is outside 0..{n}")
@@ -54,7 +53,6 @@ class ThinkerText(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """[B, T] token ids -> [B, T, H] embeddings."""
         return self.model.embed_tokens(ids)
 
     def forward(self, input_embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None,

@@ -161,9 +161,8 @@ def with_tools(turns: list[Turn], tools: Tools, tool_choice: str | Mapping = "au
 
 
 def _is_tool_result(turn: Turn) -> bool:
-    text = turn.text
-    return turn.role == "user" and not turn.audio_tokens and text.startswith(TOOL_RESPONSE_START) \
-        and text.endswith(TOOL_RESPONSE_END)
+    return turn.role == "user" and not turn.audio_tokens and turn.text.startswith(TOOL_RESPONSE_START) \
+        and turn.text.endswith(TOOL_RESPONSE_END)
 
 
 def merge_tool_results(turns: Iterable[Turn]) -> list[Turn]:
