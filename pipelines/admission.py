@@ -25,7 +25,6 @@ class Stream(Protocol):
 
     def urgency(self) -> float:
         """Seconds of audio buffered (infinity for a turn that does not speak)."""
-        ...
 
 
 @dataclass

@@ -21,12 +21,9 @@ def prefill_inputs(tokens: int, max_blocks: int, cache: PagedKVCache) -> dict[st
     """Per sequence (row): its `tokens` (bucket) positions and write slots, its block table and its length
     after them. Padding sequences read and write only the scratch block."""
     scratch_block = cache.scratch_slot // cache.layout.block_size
-    return {
-        "positions": Input((tokens,), torch.long, 0),
-        "write_slots": Input((tokens,), torch.long, cache.scratch_slot),
-        "block_table": Input((max_blocks,), torch.int32, scratch_block),
-        "seq_lens": Input((), torch.long, 1),
-    }
+    return {"positions": Input((tokens,), torch.long, 0),
+            "write_slots": Input((tokens,), torch.long, cache.scratch_slot),
+            "block_table": Input((max_blocks,), torch.int32, scratch_block), "seq_lens": Input((), torch.long, 1)}
 
 
 class PrefillKV:
@@ -79,12 +76,8 @@ def prefill_rows(cache: PagedKVCache, rows: list[tuple[str, int]], tokens: int, 
 
 def decode_inputs(max_blocks: int, scratch_slot: int) -> dict[str, Input]:
     """The static inputs a decode step's KV view reads; a padding row attends over nothing."""
-    return {
-        "positions": Input((1,), torch.long, 0),
-        "write_slots": Input((), torch.long, scratch_slot),
-        "block_table": Input((max_blocks,), torch.int32, 0),
-        "seq_lens": Input((), torch.int32, 0),
-    }
+    return {"positions": Input((1,), torch.long, 0), "write_slots": Input((), torch.long, scratch_slot),
+            "block_table": Input((max_blocks,), torch.int32, 0), "seq_lens": Input((), torch.int32, 0)}
 
 
 class DecodeKV:

@@ -19,7 +19,6 @@ from .scheduler import Batch, Work
 class StepModel(Protocol):
     def run(self, works: list[Work], lengths: list[int], prefill: bool) -> None:
         """Feed each work's next `lengths[i]` pending inputs, sample, and hand results on (any shapes)."""
-        ...
 
 
 Finish = Callable[[], None]
@@ -32,11 +31,9 @@ class DecodeModel(StepModel, Protocol):
         """Launch the batch through the fixed-shape step and return what reads its results back and hands them on
         (the stage calls it at once, or after the next stages launched: StageConfig.overlap); None (nothing done)
         when it cannot take the batch."""
-        ...
 
     def capture(self, pool: object | None) -> object | None:
         """Capture the fixed-shape steps (when graphs are on), sharing the memory pool `pool`."""
-        ...
 
 
 class ModelRunner:

@@ -91,13 +91,11 @@ if triton is not None:
         return m_new, l, acc
 
     @triton.jit
-    def _partition_kernel(
-        q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, part_out_ptr, part_lse_ptr, out_ptr,
-        sq_b, sq_h, sk_s, sk_h, sv_s, sv_h, sbt_b, scale_log2,
-        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr, MAX_BLOCKS: tl.constexpr, PART: tl.constexpr, TILE_N: tl.constexpr,
-        NUM_PARTS: tl.constexpr, PRECISION: tl.constexpr, LOOP_WHILE: tl.constexpr,
-    ):
+    def _partition_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, part_out_ptr, part_lse_ptr, out_ptr, sq_b, sq_h, sk_s,
+                          sk_h, sv_s, sv_h, sbt_b, scale_log2, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                          D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, MAX_BLOCKS: tl.constexpr,
+                          PART: tl.constexpr, TILE_N: tl.constexpr, NUM_PARTS: tl.constexpr, PRECISION: tl.constexpr,
+                          LOOP_WHILE: tl.constexpr):
         row, kv_head, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         seq_len = tl.minimum(tl.load(len_ptr + row), MAX_BLOCKS * BLOCK_SIZE)
         lo = part * PART
@@ -134,11 +132,8 @@ if triton is not None:
             tl.store(part_lse_ptr + at, m + tl.log2(l), mask=written)
 
     @triton.jit
-    def _merge_kernel(
-        len_ptr, part_out_ptr, part_lse_ptr, out_ptr,
-        D: tl.constexpr, D_PAD: tl.constexpr, CONTEXT: tl.constexpr, PART: tl.constexpr,
-        NUM_PARTS: tl.constexpr, PARTS_PAD: tl.constexpr,
-    ):
+    def _merge_kernel(len_ptr, part_out_ptr, part_lse_ptr, out_ptr, D: tl.constexpr, D_PAD: tl.constexpr,
+                      CONTEXT: tl.constexpr, PART: tl.constexpr, NUM_PARTS: tl.constexpr, PARTS_PAD: tl.constexpr):
         row, head = tl.program_id(0), tl.program_id(1)
         used = tl.cdiv(tl.minimum(tl.load(len_ptr + row), CONTEXT), PART)
         parts, dims = tl.arange(0, PARTS_PAD), tl.arange(0, D_PAD)
@@ -180,19 +175,14 @@ def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     part_lse = torch.empty(b, hq, num_parts, dtype=torch.float32, device=q.device)
     d_pad = max(16, triton.next_power_of_2(d))
     _partition_kernel[(b, hkv, num_parts)](
-        q, k_cache, v_cache, block_table, seq_lens, part_out, part_lse, out,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        block_table.stride(0), scale * 1.4426950408889634,
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, D_PAD=d_pad,
-        BLOCK_SIZE=block_size, MAX_BLOCKS=block_table.shape[1], PART=part, TILE_N=min(TILE, part),
-        NUM_PARTS=num_parts, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        LOOP_WHILE=INTERPRET_WHILE,
-    )
+        q, k_cache, v_cache, block_table, seq_lens, part_out, part_lse, out, q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), block_table.stride(0),
+        scale * 1.4426950408889634, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d, D_PAD=d_pad,
+        BLOCK_SIZE=block_size, MAX_BLOCKS=block_table.shape[1], PART=part, TILE_N=min(TILE, part), NUM_PARTS=num_parts,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", LOOP_WHILE=INTERPRET_WHILE)
     if num_parts > 1:
-        _merge_kernel[(b, hq)](
-            seq_lens, part_out, part_lse, out, D=d, D_PAD=d_pad, CONTEXT=context, PART=part,
-            NUM_PARTS=num_parts, PARTS_PAD=triton.next_power_of_2(num_parts),
-        )
+        _merge_kernel[(b, hq)](seq_lens, part_out, part_lse, out, D=d, D_PAD=d_pad, CONTEXT=context, PART=part,
+                               NUM_PARTS=num_parts, PARTS_PAD=triton.next_power_of_2(num_parts))
     return out
 
 

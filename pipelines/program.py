@@ -39,7 +39,6 @@ class TurnHandle(Protocol):
 
     def mark(self, name: str) -> None:
         """Note when the turn first reached milestone `name` (its TurnDone's timings carry it)."""
-        ...
 
     def finish(self, status: str) -> None: ...
 

@@ -38,10 +38,8 @@ class SamplingParams:
 
 
 # Sampler's per-row fields: dtype, and the value a padding row gets.
-FIELDS = {
-    "greedy": (torch.bool, True), "temperature": (torch.float32, 1.0), "top_k": (torch.long, 0),
-    "top_p": (torch.float32, 1.0), "penalty": (torch.float32, 1.0), "seed": (torch.long, 0),
-}
+FIELDS = {"greedy": (torch.bool, True), "temperature": (torch.float32, 1.0), "top_k": (torch.long, 0),
+          "top_p": (torch.float32, 1.0), "penalty": (torch.float32, 1.0), "seed": (torch.long, 0)}
 _MASK32 = 0xFFFFFFFF
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 FUSED = True  # tests and benchmarks switch the kernel off to compare

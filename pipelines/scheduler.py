@@ -32,12 +32,10 @@ class Work(Protocol):
 
     def pending(self) -> int:
         """Inputs known but not yet in the cache (0: nothing to run now)."""
-        ...
 
     def urgency(self) -> float:
         """Seconds of audio the listener has left (negative: behind real time, or waiting that long for
         the first audio); smaller runs sooner. Text-only work: infinity."""
-        ...
 
     def fail(self, code: str, message: str) -> None: ...
 
@@ -155,11 +153,8 @@ class Scheduler:
             self.kv.release(idle[0])
             self.evictions += 1
             return True
-        victims = [
-            x for x in self.works
-            if x is not w and x.key not in protected and self.kv.length(x.key) > 0 and x.urgency() >= w.urgency()
-            and (x.held or not w.held)
-        ]
+        victims = [x for x in self.works if x is not w and x.key not in protected and self.kv.length(x.key) > 0
+                   and x.urgency() >= w.urgency() and (x.held or not w.held)]
         if not victims:
             return False
         held = [x for x in victims if x.held]

@@ -59,10 +59,8 @@ class ModelSpec:
 
     def capabilities(self) -> dict:
         """The public description (/v1/models, /health): what it hears, speaks and can do."""
-        return {
-            "audio_in": self.hears, "audio_out": self.speaks, "text_out": self.text_out,
-            "input_rate": self.input_rate, "output_rate": self.output_rate, "voices": list(self.voices),
-            "default_voice": self.default_voice, "languages": list(self.languages),
-            "instructions": self.instructions, "transcription": self.transcribes, "tools": self.tools,
-            "speech": self.reads_aloud, "voice_cloning": self.clones,
-        }
+        return {"audio_in": self.hears, "audio_out": self.speaks, "text_out": self.text_out,
+                "input_rate": self.input_rate, "output_rate": self.output_rate, "voices": list(self.voices),
+                "default_voice": self.default_voice, "languages": list(self.languages),
+                "instructions": self.instructions, "transcription": self.transcribes, "tools": self.tools,
+                "speech": self.reads_aloud, "voice_cloning": self.clones}

@@ -39,7 +39,6 @@ class AudioAhead(Protocol):
 
     def seal(self) -> None:
         """No more audio comes: do now, on the calling thread, what the turn would do on the engine's."""
-        ...
 
 
 @dataclass(frozen=True)

@@ -36,11 +36,9 @@ class StreamingEmbedding(Protocol):
 
     def inputs(self, codes: torch.Tensor) -> torch.Tensor:
         """codes [B, Q, n] -> [B, channels, n], frame by frame."""
-        ...
 
     def mix(self, x: torch.Tensor, left: torch.Tensor | None) -> torch.Tensor:
         """x [B, channels, n], left [B, channels, context] (zeros when None) -> [B, n, H]."""
-        ...
 
 
 def _in_channels(layer: nn.Module) -> int:

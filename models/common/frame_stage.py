@@ -30,7 +30,6 @@ class FrameTurn(Protocol):
 
     def on_frame(self, codes: list[int], row: torch.Tensor, embed_sum: torch.Tensor, eos: int) -> torch.Tensor | None:
         """Take a frame; returns the codec part of the stream's next input (None: the stream ends)."""
-        ...
 
 
 class FrameWork(Protocol):

@@ -86,7 +86,6 @@ class KVCache(Protocol):
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """Store k, v [B, T, Hkv, D] for `layer` after what is cached, attend q over all of it causally."""
-        ...
 
 
 class DenseKVCache:

@@ -25,7 +25,6 @@ def pad_rows(rows: list[torch.Tensor], length: int) -> torch.Tensor:
 class InputRows(Protocol):
     def tail(self, start: int) -> torch.Tensor:
         """A sequence's input embeddings from position `start` on [N - start, H]."""
-        ...
 
 
 @dataclass(frozen=True)
