@@ -60,9 +60,8 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
                    help="run every step eagerly on CUDA (default: capture the fixed-shape steps at start)")
     p.add_argument("--no-triton", action="store_true", help="run the steps on torch's kernels, not ours (Triton): "
                    "to compare, or to route around a misbehaving kernel (default: ours on CUDA)")
-    p.add_argument("--kv-cache-gib", type=float, default=None,
-                   help="GiB for the model's KV caches on CUDA (default: what is free after the "
-                        "weights, within --gpu-memory-gib, less 12 GiB)")
+    p.add_argument("--kv-cache-gib", type=float, default=None, help="GiB for the model's KV caches on CUDA (default: "
+                   "what is free after the weights, within --gpu-memory-gib, less 12 GiB)")
     p.add_argument("--gpu-memory-gib", type=float, default=None,
                    help="on CUDA, the most GiB this process may take (weights, KV caches, CUDA graphs; more is an "
                         "out-of-memory error); refused on cpu (default: the whole device)")
@@ -78,17 +77,15 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the OpenAI-Realtime-compatible WebSocket server",
                            formatter_class=HelpFormatter,
-                           description="Serve the Realtime protocol at /v1/realtime and the browser demo at /. "
-                                       f"With --model tiny a reply stops after {TINY_REPLY_TOKENS} text tokens "
-                                       "(unless the client sets max_output_tokens) and "
-                                       f"{TINY_REPLY_FRAMES} codec frames of speech; checkpoints keep the "
-                                       "model's limits (1024 tokens, 120 s).")
+                           description="Serve the Realtime protocol at /v1/realtime and the browser demo at /. With "
+                                       f"--model tiny a reply stops after {TINY_REPLY_TOKENS} text tokens (unless the "
+                                       f"client sets max_output_tokens) and {TINY_REPLY_FRAMES} codec frames of "
+                                       "speech; checkpoints keep the model's limits (1024 tokens, 120 s).")
     add_common_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
-    serve.add_argument("--api-key", default=os.environ.get("OMNI_REALTIME_API_KEY"),
-                       help="require this key (Bearer header or browser subprotocol) "
-                            "(default: env OMNI_REALTIME_API_KEY, else no key)")
+    serve.add_argument("--api-key", default=os.environ.get("OMNI_REALTIME_API_KEY"), help="require this key (Bearer "
+                       "header or browser subprotocol) (default: env OMNI_REALTIME_API_KEY, else no key)")
     serve.add_argument("--ssl-certfile", help="serve HTTPS/WSS with this PEM certificate (browsers on other "
                                               "machines need HTTPS for the microphone)")
     serve.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")
@@ -113,17 +110,14 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--drain-seconds", type=float, default=30.0,
                        help="on SIGTERM: turn not-ready, refuse new sessions (1013), let open ones run this long, "
                             "then close the rest (1001) and exit 0; a second signal stops at once")
-    serve.add_argument("--drain-notice-seconds", type=float, default=0.0,
-                       help="keep taking new sessions this long after SIGTERM (the proxy's time to see "
-                            "/health/ready turn 503)")
-    serve.add_argument("--data-dir", type=Path, default=None,
-                       help="where custom voices are kept (default: $XDG_DATA_HOME/omni-realtime, else "
-                            "~/.local/share/omni-realtime)")
+    serve.add_argument("--drain-notice-seconds", type=float, default=0.0, help="keep taking new sessions this long "
+                       "after SIGTERM (the proxy's time to see /health/ready turn 503)")
+    serve.add_argument("--data-dir", type=Path, default=None, help="where custom voices are kept (default: "
+                       "$XDG_DATA_HOME/omni-realtime, else ~/.local/share/omni-realtime)")
     gen = sub.add_parser("generate", help="answer one turn offline through the streaming pipeline",
-                         formatter_class=HelpFormatter,
-                         description="Answer one user turn (audio, text or both) offline through the same streaming "
-                                     "pipeline the server uses: print the reply's text and write its speech with "
-                                     "--out. With --model tiny the weights are random: the reply is noise.")
+                         formatter_class=HelpFormatter, description="Answer one user turn (audio, text or both) "
+                         "offline through the same streaming pipeline the server uses: print the reply's text and "
+                         "write its speech with --out. With --model tiny the weights are random: the reply is noise.")
     add_common_args(gen)
     gen.add_argument("--audio", help="input audio file (WAV of any PCM width or float, FLAC, OGG, MP3; any rate, "
                                      "channels averaged)")
@@ -181,11 +175,10 @@ def generate(args: argparse.Namespace) -> int:
         messages.append(Message("user", args.text, audio))
         if reference is not None:
             reference = resample(reference, ref_rate, spec.output_rate)
-        opts = GenerationOptions(
-            audio=spec.speaks and not args.no_audio, voice=args.voice, greedy=args.greedy, seed=args.seed,
-            max_text_tokens=args.max_text_tokens, max_frames=args.max_frames, language=args.language,
-            instructions=args.instructions, reference_audio=reference, reference_text=args.reference_text or "",
-        )
+        opts = GenerationOptions(audio=spec.speaks and not args.no_audio, voice=args.voice, greedy=args.greedy,
+                                 seed=args.seed, max_text_tokens=args.max_text_tokens, max_frames=args.max_frames,
+                                 language=args.language, instructions=args.instructions, reference_audio=reference,
+                                 reference_text=args.reference_text or "")
         events = pipeline.run(Turn("cli", messages, opts))
     end = events[-1]
     if isinstance(end, TurnError):
@@ -197,12 +190,10 @@ def generate(args: argparse.Namespace) -> int:
     if args.out:
         write_wav(args.out, wav, spec.output_rate)
     if args.json:
-        print(json.dumps({
-            "text": end.text, "text_ids": list(end.text_ids), "codes": [list(c) for c in end.codes],
-            "audio_seconds": len(wav) / spec.output_rate if spec.speaks else 0.0, "status": end.status,
-            "time_to_first_audio_ms": end.timings.get("first_audio_ms"), "rtf": end.timings.get("rtf"),
-            "timings": end.timings,
-        }))
+        print(json.dumps({"text": end.text, "text_ids": list(end.text_ids), "codes": [list(c) for c in end.codes],
+                          "audio_seconds": len(wav) / spec.output_rate if spec.speaks else 0.0, "status": end.status,
+                          "time_to_first_audio_ms": end.timings.get("first_audio_ms"), "rtf": end.timings.get("rtf"),
+                          "timings": end.timings}))
     else:
         print("".join(e.text for e in events if isinstance(e, TextDelta)))
     return 0
@@ -285,11 +276,10 @@ def serve(args: argparse.Namespace) -> int:
     limits = Limits(max_text_tokens=TINY_REPLY_TOKENS, max_frames=TINY_REPLY_FRAMES) \
         if args.model == pipeline.spec.tiny else Limits()
     limits = replace(limits, encode_ahead=not args.no_encode_ahead and pipeline.audio_ahead() is not None)
-    cfg = ServerConfig(model_name=args.model_name, api_key=key or None, max_sessions=args.max_sessions,
-                       max_session_s=args.max_session_minutes * 60, limits=limits, bind_host=args.host,
-                       allowed_origins=origins, max_sessions_per_client=args.max_sessions_per_client,
-                       drain=DrainConfig(args.drain_seconds, args.drain_notice_seconds), data_dir=args.data_dir,
-                       gil_switch_ms=args.gil_switch_ms)
+    cfg = ServerConfig(model_name=args.model_name, api_key=key or None, max_sessions=args.max_sessions, limits=limits,
+                       max_session_s=args.max_session_minutes * 60, bind_host=args.host, allowed_origins=origins,
+                       max_sessions_per_client=args.max_sessions_per_client, gil_switch_ms=args.gil_switch_ms,
+                       drain=DrainConfig(args.drain_seconds, args.drain_notice_seconds), data_dir=args.data_dir)
     run(pipeline, cfg, sock, ssl_context,
         started=lambda: startup_line(args, sock, ssl_context is not None, limits.encode_ahead))
     return 0

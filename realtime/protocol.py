@@ -54,7 +54,6 @@ _STEP[[ord("["), ord("{")]], _STEP[[ord("]"), ord("}")]] = 1, -1
 
 
 def clip(value: Any, n: int = MAX_ECHO) -> str:
-    """A client value as text fit to echo: at most `n` characters."""
     text = value if isinstance(value, str) else repr(value)[: n + 1]
     return text if len(text) <= n else text[:n] + "..."
 
@@ -122,7 +121,6 @@ def client_event_id(event: dict) -> str | None:
 
 
 def default_session(model: str, spec: ModelSpec, session_id: str | None = None) -> dict:
-    """A new session's config: spoken replies in the model's default voice if it speaks, else text."""
     return {
         "type": "realtime", "object": "realtime.session", "id": session_id or new_id("sess"), "model": model,
         "output_modalities": ["audio" if spec.speaks else "text"], "instructions": "",
@@ -178,9 +176,8 @@ _str_or_none = lambda v: isinstance(v, str | None)  # noqa: E731
 _prompt = _rule("must be null or {'id': ..., 'version': ..., 'variables': {...}}", lambda v: v is None or _object(
     v, {"id": lambda x: isinstance(x, str), "version": _str_or_none, "variables": lambda x: isinstance(x, dict | None)},
     ("id",)))
-_noise_reduction = _rule("must be null or {'type': 'near_field' | 'far_field', 'strength': 0..1}",
-                         lambda v: v is None or _object(v, {"type": lambda x: x in ("near_field", "far_field"),
-                                                            "strength": _number01}))
+_noise_reduction = _rule("must be null or {'type': 'near_field' | 'far_field', 'strength': 0..1}", lambda v: v is None
+                         or _object(v, {"type": lambda x: x in ("near_field", "far_field"), "strength": _number01}))
 _transcription = _rule("must be null or {'model': ..., 'language': ..., 'prompt': ..., 'keywords': [...], "
                        "'languages': [...], 'delay': ...}", lambda v: v is None or _object(v, {
                            "model": _str_or_none, "language": _str_or_none, "prompt": _str_or_none,
@@ -240,8 +237,7 @@ SCHEMA: dict = {
         "output": {"format": _format, "voice": _voice, "speed": _speed},
     },
 }
-TRANSCRIPTION_SCHEMA: dict = {"type": _session_type, "include": _include,
-                              "audio": {"input": SCHEMA["audio"]["input"]}}
+TRANSCRIPTION_SCHEMA: dict = {"type": _session_type, "include": _include, "audio": {"input": SCHEMA["audio"]["input"]}}
 
 
 def update_session(current: dict, update: Any, model: str, spec: ModelSpec) -> dict:
@@ -272,8 +268,7 @@ def _leaf(rule: Any, value: Any, where: str) -> None:
 
 
 def merge_update(current: dict, update: Any, schema: dict = SCHEMA, path: str = "session") -> dict:
-    """A new config: `update` deep-merged into `current`. Raises ProtocolError (nothing applied) on an
-    unknown key or an invalid value."""
+    """`update` deep-merged into a copy of `current`; ProtocolError on an unknown key or an invalid value."""
     if not isinstance(update, dict):
         raise ProtocolError("invalid_type", f"{path} must be an object", path)
     out = copy.deepcopy(current)

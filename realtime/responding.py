@@ -70,16 +70,14 @@ class Responding:
         return cfg
 
     def _turn_options(self, cfg: dict) -> GenerationOptions:
-        limit = cfg["max_output_tokens"]
+        limit, voice = cfg["max_output_tokens"], cfg["audio"]["output"]["voice"]
         return GenerationOptions(
-            audio=cfg["output_modalities"][0] == "audio", **voice_options(cfg["audio"]["output"]["voice"],
-                                                                          self.pipeline.spec, self.voices,
-                                                                          "response.audio.output.voice"),
+            audio=cfg["output_modalities"][0] == "audio",
+            **voice_options(voice, self.pipeline.spec, self.voices, "response.audio.output.voice"),
             max_text_tokens=self.limits.max_text_tokens if limit == "inf" else limit,
             max_frames=self.limits.max_frames if limit == "inf" else min(limit, self.limits.max_frames),
-            tools=tuple(cfg["tools"]) if cfg["tool_choice"] != "none" else (),
-            tool_choice=cfg["tool_choice"], ignore_eos=self.limits.ignore_eos,
-        )
+            tools=tuple(cfg["tools"]) if cfg["tool_choice"] != "none" else (), tool_choice=cfg["tool_choice"],
+            ignore_eos=self.limits.ignore_eos)
 
     def _start_response(self, spec: dict, inputs: list[Item] | None = None) -> None:
         cfg = self._response_config(spec)
@@ -125,9 +123,8 @@ class Responding:
         return [i for i in self.conversation.items if i.id not in self.dropped]
 
     async def _events(self, turn: Turn, response: Response, cfg: dict) -> AsyncIterator[Event]:
-        """The turn's events. A turn refused as too long for the context is retried, unless truncation is
-        disabled, as a fresh prefill of the newest items (the retention ratio of them; `auto`: 3/4), until
-        it fits or one item is left."""
+        """The turn's events; one refused as too long for the context is retried (unless truncation is disabled) as a
+        fresh prefill of the newest items (the retention ratio of them; `auto`: 3/4) until it fits or one is left."""
         truncation = cfg["truncation"]
         ratio = None if truncation == "disabled" else 0.75 if truncation == "auto" else truncation["retention_ratio"]
         while True:
@@ -176,8 +173,7 @@ class Responding:
                 except Exception:
                     log.exception("response after a barge-in failed to start")
                     self.send(SERVER_ERROR.event(None))
-            # GA: the idle timer starts once the reply's audio has played (its end + its duration), on the
-            # audio clock from its next push
+            # GA: the idle timer starts once the reply's audio has played (its duration on from the next push)
             self._arm_idle = response.audio_ms
 
     def _cancel(self, reason: str) -> None:

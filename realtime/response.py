@@ -80,7 +80,6 @@ class Response:
         speaks = self.rate > 0  # a model that does not speak sends no audio to encode
         encoder = OutputEncoder(self.output_format, self.rate) if speaks else None
         stretch = TimeStretch(self.speed, self.rate) if speaks and self.speed != 1 else None
-        call_text: list[str] = []
         async for event in events:
             if self.capped and isinstance(event, TextDelta | AudioChunk):
                 continue
@@ -88,8 +87,7 @@ class Response:
                 if not self._spend(len(event.token_ids)):
                     continue
                 self.text_tokens += len(event.token_ids)
-                if event.tool_call:
-                    call_text.append(event.text)
+                if event.tool_call:  # the call's text: its items are made from TurnDone.tool_calls
                     continue
                 message = message or self._open_message()
                 if event.text:
@@ -158,8 +156,7 @@ class Response:
                 self.on_cap()
 
     def fail(self, message: str, code: str = "server_error") -> None:
-        """End the response as failed (response.done with the error), whatever state it is in. A failure
-        the request caused (invalid_request, context_too_long, ...) is the client's error, not the server's."""
+        """Ends the response as failed, whatever its state; a failure in REQUEST_CODES is the client's error."""
         kind = "invalid_request_error" if code in REQUEST_CODES else "server_error"
         self.status, self.error = "failed", {"type": kind, "code": code, "message": message}
         self._done(None)

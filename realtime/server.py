@@ -1,5 +1,4 @@
-"""The HTTP/WebSocket server: /v1/realtime (the Realtime protocol), /health, /v1/models, /metrics, and
-the browser demo at /."""
+"""The HTTP/WebSocket server: /v1/realtime, /health, /v1/models, /metrics, /v1/audio/* and the browser demo."""
 
 from __future__ import annotations
 
@@ -52,9 +51,8 @@ class ServerConfig:
     allowed_origins: tuple[str, ...] = ()  # browser origins besides the server's own host ("*": any)
     bind_host: str = "127.0.0.1"  # loopback: localhost origins of any port are allowed too
     audio_workers: int = 2  # threads for the sessions' audio work
-    # how long a thread may hold the GIL while another waits (Python's default is 5 ms): the engine thread gives it up
-    # at every torch call and waits this long to get it back from the sockets' thread under load (0.1 against 0.5: a
-    # lower p95 and less starved audio in both pairs of 128 conversations, benchmarks/RESULTS.md, eighth session)
+    # the longest a thread holds the GIL while another waits (Python's default: 5 ms); the engine thread waits this long
+    # for it at every torch call (0.1 against 0.5: lower p95, less starved audio at 128 conversations, RESULTS.md, 8th)
     gil_switch_ms: float = 0.1
     limits: Limits = Limits()
     drain: DrainConfig = DrainConfig()
@@ -62,8 +60,7 @@ class ServerConfig:
 
 
 class Outbox:
-    """One session's events on their way to the socket, bounded in count and bytes (a client that far behind is
-    not reading: its session is closed)."""
+    """A session's events on their way to the socket, bounded in count and bytes (a client so far behind is cut)."""
 
     def __init__(self, max_events: int, max_bytes: int) -> None:
         self.queue: asyncio.Queue[str | None] = asyncio.Queue()
@@ -309,18 +306,16 @@ class Server:
 
 
 def _return_large_frees() -> None:
-    """glibc's default raises its mmap threshold as big blocks are freed, then keeps them in the heap: a burst of
-    16 MiB frames left ~64 MiB held after they were gone. A fixed threshold maps every block of 1 MiB or more
-    (frames, audio) on its own, so freeing it gives it back to the system."""
+    """glibc raises its mmap threshold as big blocks are freed and keeps them (16 MiB frames left ~64 MiB held): a
+    fixed threshold maps every block of 1 MiB or more on its own, so freeing it gives it back to the system."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
 
 
 def freeze_loaded() -> None:
-    """What exists before serving (the model, its graphs, the tokenizer: 0.33 M objects with the tiny model) leaves
-    the collector's view. A full collection scans every tracked object while all threads wait: 170 ms for those
-    on this project's CPU box; with the full model one took 240 ms in a 64-session burst on the H200 host, a stall
-    for every playing stream (RESULTS.md, fifteenth session)."""
+    """What exists before serving (model, graphs, tokenizer: 0.33 M objects with the tiny model) leaves the collector's
+    view: a full collection scans them all while every thread waits (170 ms on the CPU box; 240 ms with the full model
+    in a 64-session burst on the H200, a stall for every playing stream: RESULTS.md, fifteenth session)."""
     gc.collect()
     gc.freeze()
 

@@ -66,9 +66,8 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
     def __init__(self, send: Callable[[dict], None], pipeline: Pipeline, model: str, metrics: Metrics,
                  limits: Limits = Limits(), executor: Executor | None = None, intent: str | None = None,
                  voices: CustomVoices | None = None) -> None:
-        """`executor` (threads taking jobs in order, as ThreadPoolExecutor's; by default `default_workers()`) runs
-        the audio work off the event loop, one job at a time per session (its audio stays in order); `intent` is
-        the connect URL's `?intent=`."""
+        """`executor`: threads taking jobs in order, as ThreadPoolExecutor's (default: `default_workers()`), for the
+        audio work, one job at a time per session (its audio stays in order); `intent`: the connect URL's `?intent=`."""
         self._send_raw, self.pipeline, self.metrics, self.limits = send, pipeline, metrics, limits
         self.voices = voices
         self.executor = executor if executor is not None else default_workers()
@@ -154,8 +153,7 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
                                 f"{self.limits.max_appends_per_s:g} per second; send larger chunks.")
         fmt = self.input_format
         held = len(data) * 3 // 4 // fmt.bytes_per_sample * 4
-        if self.buffer_ms / 1000 > self.limits.max_buffer_s or \
-                self.buffer_bytes + held > self.limits.max_buffer_bytes:
+        if self.buffer_ms / 1000 > self.limits.max_buffer_s or self.buffer_bytes + held > self.limits.max_buffer_bytes:
             raise ProtocolError("input_audio_buffer_full", "Input audio buffer is full; commit or clear it.")
         arm, self._arm_idle = self._arm_idle, None
         try:
@@ -269,10 +267,9 @@ class RealtimeSession(EarlyReply, ItemEvents, Responding):
             self._input_job = self._after_input(self.input.encode, batch)
 
     def _after_input(self, fn: Callable[..., Any], *args: Any) -> Future:
-        """`fn(*args)` on the audio worker once the input stream's queued work has run (a failure there fails this:
-        a commit never gets audio with a piece missing). The job waits for the one before it on the worker, not on
-        the event loop (a round trip of ~1 ms in a commit): the workers take jobs in order, so the one before has
-        been taken, and runs or has run."""
+        """`fn(*args)` on the audio worker once the input stream's queued work has run (a failure there fails this: a
+        commit never gets audio with a piece missing). It waits for that job on the worker, not the event loop (~1 ms
+        a commit): the workers take jobs in order, so the one before has been taken."""
         prev = self._input_job
 
         def run() -> Any:
