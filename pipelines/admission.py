@@ -37,14 +37,12 @@ class Admission:
     wait_s: float = 0.0  # seconds they waited, in all
 
     def offer(self, turn_id: str, start: Callable[[], None], streams: Iterable[Stream]) -> None:
-        """Start the turn now if nothing waits before it and the streams are fed; else queue it."""
         if not self.queue and self.fed(streams):
             start()
         else:
             self.queue[turn_id] = (time.perf_counter(), start)
 
     def admit(self, streams: Iterable[Stream]) -> None:
-        """Start the turns whose time has come: all of them while the streams are fed, else those past the cap."""
         now, ok = time.perf_counter(), self.fed(streams)
         for turn_id, (since, start) in list(self.queue.items()):
             if ok or now - since >= self.max_wait_s:

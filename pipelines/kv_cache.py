@@ -86,7 +86,6 @@ class PagedKVCache:
         s.length += new_tokens
 
     def truncate(self, seq: str, length: int) -> None:
-        """Roll `seq` back to its first `length` tokens, freeing blocks past them."""
         s = self.seqs.get(seq)
         if s is None:
             return

@@ -4,8 +4,7 @@ One query per row (its newest token, K/V already cached) attends to keys 0..seq_
 ([num_slots, Hkv, D]). The Triton kernel is flash-decoding: grid (B, Hkv, P) over P partitions of the table's width, so
 shapes are fixed and a call can be captured in a CUDA graph; a program reads its partition's K/V once for all query
 heads of its kv head, and a second kernel merges partitions by log-sum-exp. Lengths past the table's width are clamped
-(a device kernel cannot raise). `paged_decode_reference` is the same in plain torch: the tests' reference and the CPU
-path."""
+(a device kernel cannot raise). `paged_decode_reference`, in plain torch, is the tests' reference and the CPU path."""
 
 from __future__ import annotations
 

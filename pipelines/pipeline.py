@@ -1,17 +1,10 @@
-"""Pipeline: the stage graph of one model, driven by one engine thread, with an asyncio-friendly API.
+"""Pipeline: the stage graph of one model, driven by one engine thread, with an asyncio-friendly API (`submit` a turn,
+iterate its events; a held turn's events wait for `release` or go with `discard`: pipelines/held.py).
 
-    pipeline = Pipeline(program); pipeline.start()
-    pipeline.spec                                      # what the model declares (rates, voices, abilities)
-    async for event in pipeline.submit(turn): ...      # TextDelta / AudioChunk / TurnDone | TurnError
-    pipeline.submit(turn, held=True)                   # runs now, its events wait (pipelines/held.py) for
-    pipeline.release(turn_id) / pipeline.discard(turn_id)   # ... flowing at once, or the turn undone
-    pipeline.abort(turn_id); pipeline.end_session(session_id); pipeline.close()
-
-The engine thread owns every model, cache and work item; other threads only queue commands, so the
-gateway's asyncio loop never blocks on a model step. Each iteration runs one batch of each stage in
-pipeline order, so a reply's first frame can be decoded in the iteration that made it; an overlapping stage's
-decode (StageConfig.overlap) runs on the GPU beside the later stages and hands its results on at the round's end.
-"""
+The engine thread owns every model, cache and work item; other threads only queue commands, so the gateway's asyncio
+loop never blocks on a model step. Each iteration runs one batch of each stage in pipeline order, so a reply's first
+frame can be decoded in the iteration that made it; an overlapping stage's decode (StageConfig.overlap) runs on the GPU
+beside the later stages and hands its results on at the round's end."""
 
 from __future__ import annotations
 
@@ -207,7 +200,6 @@ class Pipeline:
                 self._flush()
 
     def _flush(self) -> None:
-        """Hand the events emitted so far to their loops, in order."""
         outbox, self._outbox = self._outbox, {}
         for loop, items in outbox.items():
             self._deliver(loop, items)

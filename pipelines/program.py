@@ -66,7 +66,6 @@ class StagedProgram:
         self.released = self.discarded = 0
         self.admission = Admission()
 
-    # what a model writes
     def new_session(self, session_id: str) -> SessionHandle:
         raise NotImplementedError
 
@@ -94,9 +93,7 @@ class StagedProgram:
         """Cut a reply to its first `audio_end_ms` of audio: (heard text, whether the cache rolled back)."""
         raise NotImplementedError
 
-    # shared
     def capture(self) -> float:
-        """Capture every stage's fixed-shape steps (CUDA graphs on), each stage on its stream; returns seconds."""
         start = time.perf_counter()
         for stage in self.stages:
             stage.capture()
@@ -240,7 +237,6 @@ class StagedProgram:
         return {**{f"{n}_tokens": t for n, t in tokens.items()}, "sessions": sessions}
 
     def kv_check(self) -> dict[str, int]:
-        """Check every KV cache's integrity; KV blocks in use per stage."""
         for stage in self.stages:
             if stage.kv is not None:
                 stage.kv.check()

@@ -9,8 +9,7 @@ is not helped by starving new turns. Another stage's prefill does not take this 
 engine's round, so it does not wait (a rule across stages held every new turn back while any of 64 streams was near dry:
 15 s to first audio on the H200). A stage whose launch decodes the streams right after a prefill
 (StageConfig.decode_after_prefill) costs them only the prefill's time, so its gate is off (`urgent_s` 0). Decodes run
-most urgent first. Held works are scheduled apart (`schedule(held=True)`) and never take KV blocks from committed
-work."""
+most urgent first. Held works are scheduled apart and never take KV blocks from committed work."""
 
 from __future__ import annotations
 
