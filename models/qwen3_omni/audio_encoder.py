@@ -1,11 +1,9 @@
-"""Qwen3-Omni audio encoder (`thinker.audio_tower.*`): log-mel frames -> audio token embeddings.
-
-Each audio is cut into chunks of 2 * n_window mel frames (100: one second), each convolved alone (three
-stride 2: 13 tokens per full chunk) with sinusoidal positions restarting per chunk; the transformer attends
-bidirectionally inside windows of n_window_infer frames (8 chunks, 104 tokens), never across audios.
-As in the reference, one call's chunks are zero-padded to the longest before the convolutions, so an audio
-shorter than one chunk encodes slightly differently alone than next to a longer one.
-"""
+"""Qwen3-Omni audio encoder (`thinker.audio_tower.*`): log-mel frames -> audio token embeddings. Each audio is cut
+into chunks of 2 * n_window mel frames (100: one second), each convolved alone (three stride 2: 13 tokens per full
+chunk) with sinusoidal positions restarting per chunk; the transformer attends bidirectionally inside windows of
+n_window_infer frames (8 chunks, 104 tokens), never across audios. As in the reference, one call's chunks are
+zero-padded to the longest before the convolutions: an audio shorter than one chunk encodes slightly differently
+alone than next to a longer one."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """Encode while the user speaks: the parts of log-mel + audio encoder that later audio cannot change.
-
 - Log-mel frame t reads samples [160 t - 200, 160 t + 200): once they exist its raw log10 power is final, but
   every feature is clamped from below at (the whole audio's maximum - 8), a floor a louder sample raises.
 - A full chunk (2 * n_window frames, convolved alone) is final if the floor it was made with is the final one,
   or none of its raw values is below the final floor; a window (n_window_infer frames) of final chunks is final.
-So `finish()` computes only the tail and returns what `log_mel` + the encoder give on the whole buffer.
-"""
+So `finish()` computes only the tail and returns what `log_mel` + the encoder give on the whole buffer."""
 
 from __future__ import annotations
 

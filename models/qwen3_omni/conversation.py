@@ -88,7 +88,6 @@ class TurnState(SpeakingState):
         return self.audio_urgency()
 
     def on_prompt_embeds(self, embeds: torch.Tensor) -> None:
-        """This turn's new thinker inputs are embedded: they join the session, ready to prefill."""
         self.session.ids.extend(self.prompt_ids)
         self.session.embeds.append(embeds)
         self.session.replies[self.turn_id] = (len(self.session.ids), self.reply_ids)

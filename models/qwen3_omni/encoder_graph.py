@@ -1,10 +1,8 @@
-"""The audio encoder's transformer at fixed shapes, for the commit's tails: CUDA graphs per window count.
-
-Eager, one call is some 400 small kernels (32 layers), each launched from an engine thread that shares the GIL
-with the sockets' thread: 70-240 ms an encoder step at 64-128 sessions on the H200 (benchmarks/RESULTS.md). The
-tokens are laid out in their window grid (`AudioEncoder.transform_grid`), one row per window; padding windows are
-all zeros and attend to themselves.
-"""
+"""The audio encoder's transformer at fixed shapes, for the commit's tails: CUDA graphs per window count. Eager,
+one call is some 400 small kernels (32 layers), each launched from an engine thread that shares the GIL with the
+sockets' thread: 70-240 ms an encoder step at 64-128 sessions on the H200 (benchmarks/RESULTS.md). The tokens are
+laid out in their window grid (`AudioEncoder.transform_grid`), one row per window; padding windows are all zeros
+and attend to themselves."""
 
 from __future__ import annotations
 

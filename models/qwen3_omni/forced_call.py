@@ -8,8 +8,7 @@ it, else read as the model leaving that place: a function name while the tokens 
 (one "." in a number, "0" if none); "true" if the token's text begins with "t", else "false"; the enum value that
 begins with the token's text, else the first; {}, [] or null for objects, arrays and null. Values are capped at
 MAX_*_TOKENS and the arguments hold the schema's required properties (all when none are listed, at most
-MAX_PROPERTIES) in its order, so the call stays short and always valid JSON.
-"""
+MAX_PROPERTIES) in its order, so the call stays short and always valid JSON."""
 
 from __future__ import annotations
 

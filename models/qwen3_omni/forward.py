@@ -1,7 +1,6 @@
 """The thinker's fixed-shape steps as pure functions of static tensors: what the graph runner captures.
 
-Shapes depend only on the batch bucket and rows are independent, so padding rows change no real row's result.
-"""
+Shapes depend only on the batch bucket and rows are independent, so padding rows change no real row's result."""
 
 from __future__ import annotations
 

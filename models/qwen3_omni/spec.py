@@ -1,8 +1,6 @@
-"""What Qwen3-Omni declares to the runtime and the gateway, and a turn's settings resolved against it.
-
-DEFAULTS are the reference's sampling; generation_config.json overrides them as transformers' `generate`
-routes keys: `thinker_*` to the thinker, `talker_*` to the talker (plain keys reach neither).
-"""
+"""What Qwen3-Omni declares to the runtime and the gateway, and a turn's settings resolved against it. DEFAULTS
+are the reference's sampling; generation_config.json overrides them as transformers' `generate` routes keys:
+`thinker_*` to the thinker, `talker_*` to the talker (plain keys reach neither)."""
 
 from __future__ import annotations
 

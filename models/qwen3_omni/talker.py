@@ -1,8 +1,6 @@
-"""The talker: an MoE transformer that speaks the thinker's reply as codec frames.
-
-`codec_head` gives codebook 0 and the code predictor codebooks 1..15 (models/common/frame.py's FrameTalker).
-Thinker token embeddings and audio positions' hidden states enter through two MLPs (used by talker_prompt.py).
-"""
+"""The talker: an MoE transformer that speaks the thinker's reply as codec frames. `codec_head` gives codebook 0
+and the code predictor codebooks 1..15 (common/frame.py's FrameTalker). Thinker token embeddings and audio
+positions' hidden states enter through two MLPs (used by talker_prompt.py)."""
 
 from __future__ import annotations
 

@@ -14,8 +14,7 @@ Positions run 0..P-1 over the prompt and continue one per step (all three mrope 
 Decode step k (0: the first after the prefill) takes the sum of the previous frame's 16 codebook embeddings
 (codebook 0 from the talker's `codec_embedding`, 1..15 from the code predictor's) plus text_k: P(reply token
 k+1) while reply tokens fed back into the thinker remain (its final token, normally `<|im_end|>`, never is),
-then eos once, then pad.
-"""
+then eos once, then pad."""
 
 from __future__ import annotations
 

@@ -16,10 +16,9 @@ from .talker_prompt import assistant_prefix
 
 
 class TalkerStep(FrameStage):
-    def __init__(self, model: Qwen3Omni, dtype: torch.dtype, kv: PagedKVCache, sc: StageConfig,
-                 slots: int = 1024) -> None:
+    def __init__(self, model: Qwen3Omni, dtype: torch.dtype, kv: PagedKVCache, sc: StageConfig) -> None:
         eos = model.cfg.talker.codec_eos_id
-        super().__init__(model.talker, dtype, kv, sc, eos, codec_suppress(model.cfg.talker.text.vocab_size, eos), slots)
+        super().__init__(model.talker, dtype, kv, sc, eos, codec_suppress(model.cfg.talker.text.vocab_size, eos))
         self.model = model
 
     def prompt(self, turn: TurnState) -> torch.Tensor:

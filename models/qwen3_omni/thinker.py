@@ -1,10 +1,8 @@
 """The thinker: the MoE language model that reads text and audio tokens and writes the reply text.
-
-Positions: for text and audio the reference's multimodal rope index is the plain token index on all three
-rows with rope delta 0, so a token's position is the number of tokens before it in the session.
-`capture_layer` indexes like transformers' `hidden_states`: 0 the input embeddings, k the output of layer
-k-1, and the last (num_hidden_layers) the final-norm output; the talker reads `accept_hidden_layer`.
-"""
+Positions: for text and audio the reference's multimodal rope index is the plain token index on all three rows
+with rope delta 0, so a token's position is the number of tokens before it in the session. `capture_layer`
+indexes like transformers' `hidden_states`: 0 the input embeddings, k the output of layer k-1, and the last
+(num_hidden_layers) the final-norm output; the talker reads `accept_hidden_layer`."""
 
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
 """Qwen's function-calling format, byte for byte what Qwen3's chat template renders (Qwen3-VL's tool parts;
-assumed identical for Qwen3-Omni, whose template is unavailable offline):
-
+assumed identical for Qwen3-Omni, whose template is unavailable offline). The four tags are single special tokens.
 - system turn: the instructions, "\\n\\n", then the "# Tools" block, one `tojson` line per tool (json.dumps,
   default separators, ensure_ascii=False, keys in given order); the block alone without instructions (unlike
-  Qwen2.5, which puts its default "You are Qwen..." first).
+  Qwen2.5, which puts its default "You are Qwen..." first); so changing tools or tool_choice changes the cached prefix.
 - assistant turn: its text, then each call as `<tool_call>\\n{"name": "NAME", "arguments": ARGS}\\n</tool_call>`,
-  joined by "\\n".
-- tool results: consecutive results form ONE user turn of `<tool_response>\\nOUTPUT\\n</tool_response>`s joined
-  by "\\n".
-
-The four tags are single special tokens. Tools and tool_choice live in the system turn, so changing them
-mid-session changes the cached prompt prefix.
-"""
+  joined by "\\n"; consecutive tool results: ONE user turn of `<tool_response>\\nOUTPUT\\n</tool_response>`s
+  joined by "\\n"."""
 
 from __future__ import annotations
 

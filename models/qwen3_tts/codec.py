@@ -1,10 +1,8 @@
-"""Qwen3-TTS's 12 Hz codec decoder and its config (`speech_tokenizer/config.json`: `decoder_config` is
-Code2Wav's plus `latent_dim`, `codebook_dim` and an optional `head_dim`; `encoder_config` goes to
-transformers' MimiConfig). The decoder is Code2Wav, causal (F frames make F * 1920 samples), with its own
-code embedding: a split residual VQ (codebook 0 alone, 1..15 together, each group summing
-`embedding_sum / cluster_usage` rows, then a 1x1 conv; the groups add) and a causal conv of kernel 3 to
-`latent_dim`, which reads the 2 frames before each (`context`).
-"""
+"""Qwen3-TTS's 12 Hz codec decoder and its config (`speech_tokenizer/config.json`: `decoder_config` is Code2Wav's
+plus `latent_dim`, `codebook_dim` and an optional `head_dim`; `encoder_config` goes to transformers' MimiConfig).
+The decoder is Code2Wav, causal (F frames make F * 1920 samples), with its own code embedding: a split residual VQ
+(codebook 0 alone, 1..15 together, each group summing `embedding_sum / cluster_usage` rows, then a 1x1 conv; the
+groups add) and a causal conv of kernel 3 to `latent_dim`, which reads the 2 frames before each (`context`)."""
 
 from __future__ import annotations
 
@@ -67,10 +65,9 @@ class SpeechTokenizerConfig:
         if d.get("model_type", MODEL_TYPE) != MODEL_TYPE:
             raise ConfigError(f"speech tokenizer model_type is {d.get('model_type')!r}, expected {MODEL_TYPE!r}")
         dec = CodecDecoderConfig.from_hf(d.get("decoder_config") or {})
-        cfg = cls(dec, dict(d.get("encoder_config") or {}), **{
-            k: int(d[k]) for k in ("encoder_valid_num_quantizers", "input_sample_rate", "output_sample_rate",
-                                   "decode_upsample_rate", "encode_downsample_rate") if d.get(k) is not None
-        })
+        keys = ("encoder_valid_num_quantizers", "input_sample_rate", "output_sample_rate", "decode_upsample_rate",
+                "encode_downsample_rate")
+        cfg = cls(dec, dict(d.get("encoder_config") or {}), **{k: int(d[k]) for k in keys if d.get(k) is not None})
         if cfg.decode_upsample_rate != dec.samples_per_frame:
             raise ConfigError(f"decode_upsample_rate {cfg.decode_upsample_rate} != the decoder's "
                               f"{dec.samples_per_frame} samples per frame")

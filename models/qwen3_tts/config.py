@@ -1,6 +1,5 @@
 """Qwen3-TTS's config.json (model_type `qwen3_tts`), read strictly: sizes and ids are required; only the
-reference's own fallbacks apply (no `head_dim`: hidden_size / num_attention_heads, as its attention does).
-"""
+reference's own fallbacks apply (no `head_dim`: hidden_size / num_attention_heads, as its attention does)."""
 
 from __future__ import annotations
 
@@ -65,12 +64,10 @@ class TalkerConfig:
         cp = CodePredictorConfig.from_hf(g("code_predictor_config"))
         ids = read_fields(cls, d, w, ("text", "code_predictor", "speakers", "dialects", "languages"),
                           {"codec_eos_id": ("codec_eos_token_id",)})
-        cfg = cls(
-            text=text, code_predictor=cp, **ids,
-            speakers=tuple((k.lower(), int(v)) for k, v in (d.get("spk_id") or {}).items()),
-            dialects=tuple((k.lower(), v.lower()) for k, v in (d.get("spk_is_dialect") or {}).items() if v),
-            languages=tuple((k.lower(), int(v)) for k, v in g("codec_language_id").items()),
-        )
+        cfg = cls(text=text, code_predictor=cp, **ids,
+                  speakers=tuple((k.lower(), int(v)) for k, v in (d.get("spk_id") or {}).items()),
+                  dialects=tuple((k.lower(), v.lower()) for k, v in (d.get("spk_is_dialect") or {}).items() if v),
+                  languages=tuple((k.lower(), int(v)) for k, v in g("codec_language_id").items()))
         if cp.num_code_groups != cfg.num_code_groups:
             raise ConfigError("talker_config: code_predictor_config.num_code_groups differs from the talker's")
         return cfg

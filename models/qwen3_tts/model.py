@@ -1,6 +1,5 @@
 """Qwen3-TTS as one module tree: the talker (with its code predictor), Base's speaker encoder and the 12 Hz
-codec's decoder, from a checkpoint directory (the codec in its `speech_tokenizer/` folder) or a preset.
-"""
+codec's decoder, from a checkpoint directory (the codec in its `speech_tokenizer/` folder) or a preset."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Qwen3-TTS in the pipeline: a turn reads its last message's text aloud through a talker stage (the frame
-LM) and a Code2Wav stage. Sessions keep nothing between turns.
-"""
+LM) and a Code2Wav stage. Sessions keep nothing between turns."""
 
 from __future__ import annotations
 
@@ -68,7 +67,6 @@ class TtsPipelineConfig:
                         self.device)
 
     def stages(self, model: Qwen3Tts) -> list[Stage]:
-        """The talker stage, over its own paged KV cache, and the Code2Wav stage."""
         dtype = getattr(torch, self.dtype)
         kv = PagedKVCache(self.kv_layout(model))
         with torch.inference_mode():

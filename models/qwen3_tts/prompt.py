@@ -16,8 +16,7 @@ Prompt rows, in order:
    16 code embeddings. Streamed: T[i] + K[i] for i < len(K) (T padded with pad to len(K)); decode step k
    adds T[len(K) + k] while T remains, then pad. Whole: T[i] + C(codec_pad) for every row of T, then
    K[j] + pad for every row of K; every decode step adds pad.
-Decode step k's input is the sum of frame k's 16 code embeddings plus that text row.
-"""
+Decode step k's input is the sum of frame k's 16 code embeddings plus that text row."""
 
 from __future__ import annotations
 

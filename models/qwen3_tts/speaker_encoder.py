@@ -1,10 +1,8 @@
-"""Base's speaker encoder: an ECAPA-TDNN turning 24 kHz reference audio into the x-vector that stands in
-the talker prompt where a named speaker's codec row would (checkpoint prefix `speaker_encoder.`).
-
-Its input is a 128-bin log-mel spectrogram (n_fft 1024, hop 256, Hann window, Slaney mel filters from 0 to
-12 kHz, reflect padding of (n_fft - hop) / 2 each side, magnitudes floored at 1e-5 before the log). Every
-conv is 'same' padded with reflection.
-"""
+"""Base's speaker encoder: an ECAPA-TDNN turning 24 kHz reference audio into the x-vector that stands in the
+talker prompt where a named speaker's codec row would (checkpoint prefix `speaker_encoder.`). Its input is a
+128-bin log-mel spectrogram (n_fft 1024, hop 256, Hann window, Slaney mel filters from 0 to 12 kHz, reflect padding
+of (n_fft - hop) / 2 each side, magnitudes floored at 1e-5 before the log). Every conv is 'same' padded with
+reflection."""
 
 from __future__ import annotations
 
@@ -15,8 +13,6 @@ from torch import nn
 from models.common.mel import mel_filterbank
 
 RATE, N_FFT, HOP, MELS, FMAX = 24000, 1024, 256, 128, 12000
-
-
 _MELS = torch.from_numpy(mel_filterbank(RATE, N_FFT, MELS, FMAX).T).float()  # [MELS, N_FFT // 2 + 1]
 
 

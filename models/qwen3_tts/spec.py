@@ -1,10 +1,8 @@
-"""What a Qwen3-TTS checkpoint declares, and a turn's settings resolved against it. Defaults (DEFAULTS) are
-the reference's (qwen-tts 0.1.1), each overridden by generation_config.json (`subtalker_*`: the code
-predictor's). The text reaches the talker whole for CustomVoice and VoiceDesign, streamed for Base, as the
-reference's generate_* default. Base clones the voice of 24 kHz mono reference audio: from its x-vector
-alone, or with its transcript in context too (the reference audio's codes in the prompt, and ahead of the
-reply's codes in the decoder).
-"""
+"""What a Qwen3-TTS checkpoint declares, and a turn's settings resolved against it. DEFAULTS are the reference's
+(qwen-tts 0.1.1), each overridden by generation_config.json (`subtalker_*`: the code predictor's). The text reaches
+the talker whole for CustomVoice and VoiceDesign, streamed for Base, as the reference's generate_* default. Base
+clones the voice of 24 kHz mono reference audio: from its x-vector alone, or with its transcript in context too
+(the reference audio's codes in the prompt, and ahead of the reply's codes in the decoder)."""
 
 from __future__ import annotations
 

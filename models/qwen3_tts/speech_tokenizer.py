@@ -1,6 +1,5 @@
 """The 12 Hz speech tokenizer of a Qwen3-TTS checkpoint (its `speech_tokenizer/` folder): a Code2Wav
-decoder and a Mimi encoder (run by transformers' MimiModel) turning reference audio into codes.
-"""
+decoder and a Mimi encoder (run by transformers' MimiModel) turning reference audio into codes."""
 
 from __future__ import annotations
 
@@ -57,15 +56,13 @@ def load_encoder(cfg: SpeechTokenizerConfig, directory: str | Path, device: torc
 class SpeechTokenizer:
     config: SpeechTokenizerConfig
     decoder: Code2Wav
-    encoder: nn.Module | None = None
+    encoder: nn.Module
 
     @classmethod
-    def load(cls, directory: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-             encoder: bool = True) -> SpeechTokenizer:
-        """`encoder=False` skips the encoder (a checkpoint that never clones a voice needs only the decoder)."""
+    def load(cls, directory: str | Path, device: torch.device | str = "cpu",
+             dtype: torch.dtype = torch.float32) -> SpeechTokenizer:
         cfg = SpeechTokenizerConfig.load(directory)
-        dec = load_decoder(cfg.decoder, directory, device, dtype)
-        return cls(cfg, dec, load_encoder(cfg, directory, device) if encoder else None)
+        return cls(cfg, load_decoder(cfg.decoder, directory, device, dtype), load_encoder(cfg, directory, device))
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
@@ -78,8 +75,6 @@ class SpeechTokenizer:
     def encode(self, wave: torch.Tensor, rate: int) -> torch.Tensor:
         """Mono waveform [T] (floats in [-1, 1]) at `rate` Hz -> codes [ceil(T' / 1920), Q] (int64), T' the
         length at the tokenizer's input rate."""
-        if self.encoder is None:
-            raise RuntimeError("this speech tokenizer was loaded without its encoder")
         if wave.dim() != 1 or wave.numel() == 0:
             raise ValueError(f"expected a non-empty mono waveform [T], got {tuple(wave.shape)}")
         target = self.config.input_sample_rate

@@ -1,6 +1,5 @@
 """Qwen3-TTS's talker stage: the common frame LM stage with this model's suppressed ids and minimum frames.
-Its work feeds the prompt, then per frame the frame's code embedding sum plus that step's text row.
-"""
+Its work feeds the prompt, then per frame the frame's code embedding sum plus that step's text row."""
 
 from __future__ import annotations
 
@@ -35,7 +34,7 @@ class TalkerWork(FrameWork):
 
 
 class TalkerStep(FrameStage):
-    def __init__(self, talker: Talker, cfg: TtsConfig, dtype: torch.dtype, kv: PagedKVCache, sc: StageConfig,
-                 slots: int = 1024) -> None:
+    def __init__(self, talker: Talker, cfg: TtsConfig, dtype: torch.dtype, kv: PagedKVCache, sc: StageConfig) -> None:
         eos = cfg.talker.codec_eos_id
-        super().__init__(talker, dtype, kv, sc, eos, codec_suppress(cfg.talker.text.vocab_size, eos), slots, MIN_FRAMES)
+        super().__init__(talker, dtype, kv, sc, eos, codec_suppress(cfg.talker.text.vocab_size, eos),
+                         min_frames=MIN_FRAMES)

@@ -1,8 +1,6 @@
-"""Qwen3-TTS's talker: a dense Qwen3 making one 16-codebook frame per step (a frame.FrameTalker), fed by a
-text embedding (2048 wide) and its projection plus the codec embedding. Its code predictor's codebook
-embeddings are in the talker's width; `small_to_mtp_projection` (none when the widths match) maps every
-predictor input to the predictor's.
-"""
+"""Qwen3-TTS's talker: a dense Qwen3 making one 16-codebook frame per step (a frame.FrameTalker), fed by a text
+embedding (2048 wide) and its projection plus the codec embedding. Its code predictor's codebook embeddings are in
+the talker's width; `small_to_mtp_projection` (none when the widths match) maps every predictor input to its own."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The tiny preset `tiny-tts`: a CustomVoice config in the published layout (the real vocabulary, special
-ids, speakers and languages) with small sizes and seeded random weights, replies capped at 4 s.
-"""
+ids, speakers and languages) with small sizes and seeded random weights, replies capped at 4 s."""
 
 from __future__ import annotations
 
@@ -44,10 +43,9 @@ _CONFIG = {
 }
 _CODEC = {  # speech_tokenizer/config.json's decoder part, tiny
     "codebook_size": 2048, "num_quantizers": 16, "hidden_size": 32, "latent_dim": 48, "codebook_dim": 24,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 64, "sliding_window": 72,
-    "decoder_dim": 64, "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2], "rms_norm_eps": 1e-5,
-    "layer_scale_initial_scale": 0.01, "rope_theta": 10000, "max_position_embeddings": 8000,
+    "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 64,
+    "sliding_window": 72, "decoder_dim": 64, "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2],
+    "rms_norm_eps": 1e-5, "layer_scale_initial_scale": 0.01, "rope_theta": 10000, "max_position_embeddings": 8000,
 }
 
 
