@@ -21,11 +21,6 @@ from models.common.layers import DenseKVCache, KVCache, LayerStack, RMSNorm, Rop
 from pipelines.fastest import fastest
 
 
-def _joined(x: torch.Tensor, left: torch.Tensor | None, context: int) -> torch.Tensor:
-    """x [B, C, T] after its `context` inputs of left context (zeros when None)."""
-    return F.pad(x, (context, 0)) if left is None else torch.cat((left, x), dim=-1)
-
-
 def conv_matmul(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
     """conv(x) (groups 1, stride 1, no padding) as one batched matmul of the weight by x's columns."""
     b, c, length = x.shape
@@ -46,18 +41,23 @@ def _matmul_faster(conv: nn.Conv1d, x: torch.Tensor) -> bool:
     return fastest(key, lambda: (lambda: conv(x), lambda: conv_matmul(x, conv))) == 1
 
 
-class CausalConv(nn.Module):
+class _Causal(nn.Module):
+    """A layer whose `joined(seq)` is its output for seq's last T inputs, seq's first `context` their left context."""
+
+    context: int
+
+    def forward(self, x: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [B, C, T]; `left`: the `context` inputs before x (zeros when None)."""
+        return self.joined(F.pad(x, (self.context, 0)) if left is None else torch.cat((left, x), dim=-1))
+
+
+class CausalConv(_Causal):
     def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1, groups: int = 1) -> None:
         super().__init__()
         self.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation, groups=groups)
         self.context = (kernel - 1) * dilation
 
-    def forward(self, x: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
-        """x: [B, C, T]; `left`: the `context` inputs before x (zeros when None)."""
-        return self.joined(_joined(x, left, self.context))
-
     def joined(self, seq: torch.Tensor) -> torch.Tensor:
-        """`forward` of seq's last T inputs, seq's first `context` their left context."""
         conv = self.conv
         if conv.dilation[0] > 1 and conv.groups == 1 and seq.is_cuda and _matmul_faster(conv, seq):
             return conv_matmul(seq, conv)
@@ -104,7 +104,7 @@ class SnakeBeta(nn.Module):
         return fused.snake(x, self.alpha, self.beta)
 
 
-class ConvNeXt(nn.Module):
+class ConvNeXt(_Causal):
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.dwconv = CausalConv(dim, dim, 7, groups=dim)
@@ -114,16 +114,13 @@ class ConvNeXt(nn.Module):
         self.gamma = nn.Parameter(torch.ones(dim))
         self.context = self.dwconv.context
 
-    def forward(self, x: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
-        return self.joined(_joined(x, left, self.context))
-
     def joined(self, seq: torch.Tensor) -> torch.Tensor:
         h = self.norm(self.dwconv.joined(seq).transpose(1, 2))
         h = self.pwconv2(F.gelu(self.pwconv1(h)))
         return seq[..., self.context :] + (self.gamma * h).transpose(1, 2)
 
 
-class ResidualUnit(nn.Module):
+class ResidualUnit(_Causal):
     def __init__(self, dim: int, dilation: int) -> None:
         super().__init__()
         self.act1 = SnakeBeta(dim)
@@ -131,9 +128,6 @@ class ResidualUnit(nn.Module):
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConv(dim, dim, 1)
         self.context = self.conv1.context
-
-    def forward(self, x: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
-        return self.joined(_joined(x, left, self.context))
 
     def joined(self, seq: torch.Tensor) -> torch.Tensor:
         # SnakeBeta is pointwise and 0 at 0, so act1 of the padded input is the padded act1 of the input.
