@@ -1,5 +1,4 @@
-"""OpenAI Realtime GA audio formats: `audio/pcm` (PCM16 LE, 24 kHz), `audio/pcmu` and `audio/pcma` (G.711, 8 kHz),
-the streaming input resampler, output encoder and time stretch."""
+"""The GA audio formats (`audio/pcm`: PCM16 24 kHz; `audio/pcmu`, `audio/pcma`: G.711 8 kHz) and the audio streams."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ class AudioFormat:
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any] | str) -> AudioFormat:
-        """`{"type": "audio/pcm", "rate": 24000}`, `{"type": "audio/pcmu"}`, `{"type": "audio/pcma"}`; the beta
-        names "pcm16", "g711_ulaw" and "g711_alaw" are accepted too."""
+        """A GA format object (`{"type": "audio/pcm", "rate": 24000}`), or a beta name ("pcm16", "g711_ulaw", ...)."""
         if isinstance(cfg, str):
             if cfg not in _LEGACY:
                 raise ValueError(f"unsupported audio format {cfg!r}; expected one of {sorted(_LEGACY)}")
@@ -111,11 +109,10 @@ class OutputEncoder:
 
 
 class InputStream:
-    """One input buffer resampled to the model's `rate` as it arrives (`to_model_rate` streamed: what a commit holds),
-    and the model's encoding of it (`ahead`: Pipeline.audio_ahead(), or None). Appends are gathered on the session's
-    thread (`collect`, `rest`) and resampled and encoded BATCH_S at a time on the audio worker (`encode`, `take`,
-    one call at a time): per 20 ms append, a worker job and a dozen small tensor ops could not keep up with 64
-    talking sessions (commits waited 15 s behind their appends, and the jobs held the GIL the engine needs)."""
+    """One input buffer resampled to the model's `rate` as it arrives (`to_model_rate` streamed) and the model's
+    encoding of it (`ahead`: Pipeline.audio_ahead(), or None). Appends are gathered on the session's thread (`collect`,
+    `rest`), resampled and encoded BATCH_S at a time on the audio worker (`encode`, `take`): a job per 20 ms append
+    could not keep up with 64 talking sessions (commits waited 15 s, and the jobs held the GIL the engine needs)."""
 
     BATCH_S = 0.5
     EAGER_S = 0.1  # while the audio workers are idle, handed on once this much has gathered (0: only BATCH_S)
@@ -129,8 +126,7 @@ class InputStream:
         self._batch = int(fmt.rate * self.BATCH_S)
 
     def collect(self, pcm: torch.Tensor, idle: bool = False) -> torch.Tensor | None:
-        """Gather an append; once BATCH_S has gathered (EAGER_S while the audio workers are `idle`: the commit
-        then finds less of its audio still to encode), all of it, for `encode`."""
+        """Gather an append; all that gathered, for `encode`, from BATCH_S (EAGER_S while the workers are `idle`)."""
         self._waiting.append(pcm)
         self._waiting_n += pcm.shape[0]
         eager = idle and self.EAGER_S > 0 and self._waiting_n >= self.EAGER_S * self.fmt.rate
@@ -149,9 +145,8 @@ class InputStream:
         self.ahead = _feed(self.ahead, self._pieces[-1])
 
     def take(self, last: bool, rest: torch.Tensor | None = None) -> tuple[torch.Tensor, AudioAhead | None]:
-        """The buffer encoded so far (after `rest`, what `rest()` handed on, if any) at the model rate and its
-        encoding (which `holds` it, or None). `last`: the buffer ends here and the encoding is handed over; else a
-        fork of it, and the buffer goes on."""
+        """The buffer so far (after encoding `rest`) at the model rate, and its encoding or None. `last`: the buffer
+        ends here and the encoding is handed over; else a fork of it, and the buffer goes on."""
         if rest is not None:
             self.encode(rest)
         tail = self._resampler.tail()
@@ -159,8 +154,7 @@ class InputStream:
 
 
 def _feed(ahead: AudioAhead | None, x: torch.Tensor, fork: bool = False, seal: bool = False) -> AudioAhead | None:
-    """`ahead` (or a fork of it) with `x` pushed, and sealed (a turn's: no more audio); None if that failed
-    (encoding ahead is only a shortcut: the turn then encodes its whole audio)."""
+    """`ahead` (or a fork) with `x` pushed and sealed; None if that failed (the turn then encodes its whole audio)."""
     if ahead is None:
         return None
     try:
@@ -178,8 +172,7 @@ def _feed(ahead: AudioAhead | None, x: torch.Tensor, fork: bool = False, seal: b
 class TimeStretch:
     """Streaming time-scale change without a pitch change (WSOLA), for `audio.output.speed`: 40 ms Hann frames
     overlap-added every 20 ms, the k-th read near k * 20 ms * speed, shifted by up to +-10 ms to where it best
-    continues the previous one. `push`, then `flush` once: about len(input) / speed samples, whatever the chunking.
-    """
+    continues the previous one. `push`, then `flush` once: about len(input) / speed samples, whatever the chunking."""
 
     FRAME_MS, DELTA_MS = 40, 10  # frame and search tolerance
 

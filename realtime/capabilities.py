@@ -1,5 +1,4 @@
-"""What the served model can do (its `ModelSpec`) held against a session's or a response's config: what it cannot
-do is refused with a clear error, never attempted."""
+"""The served model's `ModelSpec` against a session's or response's config: what it cannot do is refused, not tried."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ def model_voice(voice: Any, spec: ModelSpec, where: str = "session.audio.output.
 
 
 def voice_options(voice: Any, spec: ModelSpec, voices: CustomVoices | None, where: str, load: bool = True) -> dict:
-    """GenerationOptions' voice fields for a session's `voice`: a model voice, or a custom voice's reference audio
-    (`load` False: only checked)."""
+    """GenerationOptions' fields for a `voice`: a model voice or a custom voice's audio (`load` False: only checked)."""
     from .voices import is_custom
 
     if not is_custom(voice):

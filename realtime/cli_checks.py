@@ -44,8 +44,7 @@ def check_positive(args: argparse.Namespace, *names: str, zero_ok: bool = False)
 
 
 def check_model(model: str, flag: str = "--model", voice_model: str = "") -> ModelSpec:
-    """What the model declares (speaking with `voice_model`), read without its weights: a path that cannot load
-    fails early, naming the file."""
+    """What the model declares (speaking with `voice_model`), read without its weights; a bad path fails at once."""
     from models.registry import describe, presets
 
     if model not in presets():
@@ -122,5 +121,3 @@ def read_audio(path: str, flag: str = "--audio") -> tuple:
         return read_wav(path)
     except AudioFileError as e:
         raise UsageError(f"{flag} {path}: {e}") from None
-
-

@@ -64,9 +64,8 @@ class EarlyReply:
         """Start the turn the commit of the current buffer would start, held back (when one would start)."""
         td = self.config["audio"]["input"]["turn_detection"]
         if self.held is not None or self.transcribing or not td or not td.get("create_response", True) \
-                or self.response is not None or self.respond_after or self.speech_item is None:
-            return
-        if self.buffer_ms < self.min_commit_ms:
+                or self.response is not None or self.respond_after or self.speech_item is None \
+                or self.buffer_ms < self.min_commit_ms:
             return
         chunks, item_id = len(self.buffer), self.speech_item
         audio, ahead = await self._buffer_audio(last=False)
@@ -103,6 +102,5 @@ class EarlyReply:
 
     def _discard_held(self) -> None:
         h, self.held = self.held, None
-        if h is None:
-            return
-        self.pipeline.discard(h.turn.turn_id)  # queued before any later turn of the session starts
+        if h is not None:
+            self.pipeline.discard(h.turn.turn_id)  # queued before any later turn of the session starts

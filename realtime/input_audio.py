@@ -1,6 +1,5 @@
-"""The audio work of a session's input, kept off the event loop: the worker threads that run it, decoding an
-append (and running the turn detector over it), encoding a user item's audio back for retrieval; and the append
-rate limit."""
+"""A session's input audio work off the event loop (the worker threads; decoding an append and running the turn
+detector on it; encoding an item's audio for retrieval) and the append rate limit."""
 
 from __future__ import annotations
 

@@ -63,8 +63,7 @@ def user_audio_item(item_id: str, audio: torch.Tensor, ahead: AudioAhead | None 
 
 
 def item_from_client(raw: dict, input_format: AudioFormat, rate: int) -> Item:
-    """A conversation.item.create payload, validated; its audio resampled to the model's input `rate` (0: the
-    model hears no audio)."""
+    """A conversation.item.create payload, validated; its audio at the model's input `rate` (0: it hears no audio)."""
     if not isinstance(raw, dict):
         raise ProtocolError("invalid_type", "item must be an object", "item")
     kind = raw.get("type")
@@ -91,8 +90,7 @@ def item_from_client(raw: dict, input_format: AudioFormat, rate: int) -> Item:
         raise ProtocolError("invalid_value", f"Invalid role: {clip(role)}", "item.role")
     content = raw.get("content")
     if not isinstance(content, list) or not content:
-        raise ProtocolError("missing_required_parameter", "Missing required parameter: 'item.content'.",
-                            "item.content")
+        raise ProtocolError("missing_required_parameter", "Missing required parameter: 'item.content'.", "item.content")
     parts, audio = [], []
     allowed = {"user": ("input_text", "input_audio"), "system": ("input_text",),
                "assistant": ("output_text", "text", "output_audio", "audio")}[role]
@@ -107,8 +105,7 @@ def item_from_client(raw: dict, input_format: AudioFormat, rate: int) -> Item:
                                 f"item.content[{i}].{clip(bad[0])}")
         if ptype == "input_audio":
             if not rate:
-                raise ProtocolError("invalid_value", "This model does not take audio input.",
-                                    f"item.content[{i}].type")
+                raise ProtocolError("invalid_value", "This model does not take audio input.", f"item.content[{i}].type")
             try:
                 pcm = decode(base64.b64decode(part.get("audio") or "", validate=True), input_format)
             except (ValueError, TypeError) as e:

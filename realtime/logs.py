@@ -1,5 +1,4 @@
-"""Structured log lines, as text (`event key=value ...`) or JSON (`--log-json`): one per session open and close,
-per response and per error sent to a client."""
+"""Structured log lines (text `event key=value ...`, or JSON): session open and close, responses, client errors."""
 
 from __future__ import annotations
 

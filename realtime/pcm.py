@@ -1,5 +1,4 @@
-"""PCM16 and G.711 codecs and band-limited resampling (whole or streamed): wire audio to and from float samples at any
-rate."""
+"""PCM16 and G.711 codecs and band-limited resampling (whole or streamed) between wire audio and float samples."""
 
 from __future__ import annotations
 
@@ -97,8 +96,7 @@ def _kernel_shape(orig: int, new: int) -> tuple[float, int]:
 
 @lru_cache(maxsize=32)
 def _sinc_kernel(orig: int, new: int, device: torch.device) -> tuple[torch.Tensor, int]:
-    """The polyphase filter, [phases, taps] (a window of input times its transpose gives `new` outputs), and its
-    half-width."""
+    """The polyphase filter [phases, taps] (an input window @ its transpose: `new` outputs) and its half-width."""
     cutoff, half = _kernel_shape(orig, new)
     offsets = torch.arange(new, dtype=torch.float64)[:, None] * orig / new
     x = torch.arange(-half, half + orig, dtype=torch.float64)[None] - offsets
@@ -111,10 +109,8 @@ def _sinc_kernel(orig: int, new: int, device: torch.device) -> tuple[torch.Tenso
 
 
 def resample(pcm: torch.Tensor, sr_in: int, sr_out: int) -> torch.Tensor:
-    """Band-limited polyphase resampling along the last axis (Kaiser-windowed sinc, low-pass at 0.94 x the lower
-    Nyquist; tests/test_pcm.py measures it). Output sample j sits at input time j * sr_in / sr_out;
-    out_len = ceil(len * sr_out / sr_in); edges see zeros beyond the input.
-    """
+    """Band-limited polyphase resampling of the last axis (Kaiser sinc, low-pass at 0.94 x the lower Nyquist): output
+    j sits at input time j * sr_in / sr_out, ceil(len * sr_out / sr_in) of them; zeros beyond the edges."""
     if sr_in == sr_out:
         return pcm
     g = math.gcd(sr_in, sr_out)

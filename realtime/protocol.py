@@ -1,5 +1,4 @@
-"""OpenAI Realtime GA protocol pieces: ids, errors, and the session configuration (defaults, partial
-deep-merge updates validated as a whole)."""
+"""Realtime GA protocol pieces: ids, errors, event parsing, the session config (defaults, validated deep-merges)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Readiness (`GET /health/ready`): whether this replica should be given new sessions now, and its capacity as
-gauges on /metrics."""
+"""`GET /health/ready`: whether this replica should take new sessions now; and its capacity as /metrics gauges."""
 
 from __future__ import annotations
 
@@ -24,9 +23,6 @@ def conversations_free(typical: int, used: dict[str, int], total: dict[str, int]
 
 
 class Readiness:
-    """Not ready while loading, while draining, when the engine has stopped, at the sessions cap, or when the
-    KV caches cannot take one more conversation of a typical length."""
-
     def __init__(self, pipeline: Pipeline, metrics: Metrics, max_sessions: int, draining: Callable[[], bool]) -> None:
         self.pipeline, self.metrics, self.max_sessions, self.draining = pipeline, metrics, max_sessions, draining
         self.loaded = False

@@ -1,5 +1,4 @@
-"""Who may use the server: the API key, the browser Origin and Host checks (why: README "Security model"), and keys
-kept out of logs."""
+"""Who may use the server: API key, browser Origin and Host checks (README "Security model"); keys kept out of logs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""One Realtime session per WebSocket: its config, conversation, input audio buffer, turn detection and
-responses (item events: item_events.py, responses: responding.py)."""
+"""One Realtime session per WebSocket: its config, conversation, input audio buffer, turn detection and responses."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Smart Turn v3.2 (pipecat-ai, BSD-2-Clause): the probability that a speaker has finished their turn, from the
-last 8 s of the turn's 16 kHz audio as Whisper log-mel features (`features`). The model file: realtime/turn_model.py.
-"""
+last 8 s of the turn's 16 kHz audio as Whisper log-mel features (`features`). The model file: realtime/turn_model.py."""
 
 from __future__ import annotations
 

@@ -48,8 +48,7 @@ def parse_request(body: Any, pipeline: Pipeline, voices: CustomVoices, limits: L
     unknown = sorted(set(body) - {"model", "input", "voice", "instructions", "response_format", "speed",
                                   "stream_format"})
     if unknown:
-        raise invalid(unknown[0], f"Unrecognized request argument supplied: {unknown[0]}",
-                      "unknown_parameter")
+        raise invalid(unknown[0], f"Unrecognized request argument supplied: {unknown[0]}", "unknown_parameter")
     for name in ("model", "input", "voice"):
         if name not in body:
             raise invalid(name, f"Missing required parameter: '{name}'.", "missing_required_parameter")

@@ -1,5 +1,4 @@
-"""Input transcription by the model itself: one background turn per committed user audio item, whose
-text streams to the client as `conversation.item.input_audio_transcription.*` events."""
+"""Input transcription by the model itself: a background turn per committed user audio item, its text streamed."""
 
 from __future__ import annotations
 

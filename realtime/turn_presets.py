@@ -1,5 +1,4 @@
-"""semantic_vad's eagerness presets; why they sit where they do: README "Turn detection" (benchmarks/bench_turns.py).
-"""
+"""semantic_vad's eagerness presets; why they sit where they do: README "Turn detection" (bench_turns.py)."""
 
 from __future__ import annotations
 

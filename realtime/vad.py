@@ -1,11 +1,8 @@
-"""Turn detection on the input audio: `server_vad` on Silero VAD, `semantic_vad` adding Smart Turn v3.2 (the rules,
-presets and fallback: README "Turn detection").
+"""Turn detection: `server_vad` on Silero VAD, `semantic_vad` adding Smart Turn v3.2 (README "Turn detection").
 
-Audio is judged in 32 ms frames at 16 kHz (a remainder waits for the next push). Positions are integer ms of input
-audio since `reset(origin_ms)`. As in OpenAI's protocol, `SpeechStopped.audio_end_ms` is the detection point (it
-includes the silence); `speech_end_ms` is the end of the last speech frame. The idle timer runs on the audio clock
-from `arm_idle(at_ms)`; speech disarms it.
-"""
+Audio is judged in 32 ms frames at 16 kHz (a remainder waits for the next push); positions are integer ms of input
+audio since `reset(origin_ms)`. As in OpenAI's protocol, `SpeechStopped.audio_end_ms` is the detection point (with the
+silence), `speech_end_ms` the end of the last speech frame. The idle timer runs on the audio clock from `arm_idle`."""
 
 from __future__ import annotations
 

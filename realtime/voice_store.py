@@ -1,5 +1,4 @@
-"""Custom voices and their consent recordings, kept across restarts: rows in SQLite, audio as mono float WAV
-files at STORE_RATE, both under one data directory."""
+"""Custom voices and consent recordings kept across restarts: SQLite rows, mono float WAVs at STORE_RATE, in one dir."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Audio files in and out through soundfile (libsndfile): WAV of any PCM width or float, FLAC, OGG, MP3 and the
-other formats libsndfile reads; the reply is written as 16-bit PCM WAV."""
+"""Audio files through soundfile (libsndfile): whatever it reads (WAV, FLAC, OGG, MP3, ...) in; 16-bit PCM WAV out."""
 
 from __future__ import annotations
 
