@@ -170,8 +170,6 @@ class TransformerLayer(nn.Module):
 
 
 class Transformer(LayerStack):
-    """With `latent_dim`, linear maps from and back to that width around the layers."""
-
     def __init__(self, cfg: Code2WavConfig, latent_dim: int | None = None) -> None:
         super().__init__()
         self.layers = nn.ModuleList([TransformerLayer(cfg) for _ in range(cfg.num_hidden_layers)])

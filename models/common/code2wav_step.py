@@ -18,8 +18,6 @@ from .work import Turn, Work
 
 
 class SpeakingTurn(Turn, Protocol):
-    """What the codec stage reads and writes of a turn."""
-
     turn_id: str
     frames_out: list[torch.Tensor]  # [Q] codes per frame, oldest first
     talker_done: bool  # no frame will follow those in frames_out

@@ -41,7 +41,6 @@ class FrameTalker(nn.Module):
         return self.codec_head.in_features
 
     def forward(self, input_embeds: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        """input_embeds [B, T, H], positions [B, T] (or [3, B, T]) -> the final normed hidden states [B, T, H]."""
         return self.model(input_embeds, positions, cache)
 
     def codec_logits(self, hidden: torch.Tensor) -> torch.Tensor:

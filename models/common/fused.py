@@ -166,15 +166,13 @@ def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor | None, weight: 
     n, block = x.shape[-1], _pow2(x.shape[-1])
     if x2.shape[0]:
         K._norm_rows[(x2.shape[0],)](
-            x2, r2, weight, out, s, n, x2.stride(0), r2.stride(0), n, n, eps, 1.0 / n,
-            HAS_RES=residual is not None, BLOCK=block, num_warps=_warps(block), enable_fp_fusion=False,
-        )
+            x2, r2, weight, out, s, n, x2.stride(0), r2.stride(0), n, n, eps, 1.0 / n, HAS_RES=residual is not None,
+            BLOCK=block, num_warps=_warps(block), enable_fp_fusion=False)
     return s, out
 
 
-def qk_norm_rope_triton(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None,
-                        k_weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
-                        sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def qk_norm_rope_triton(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                        eps: float, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     b, t, hq, d = q.shape
     hkv = k.shape[2]
     if d % 2 or k.shape != (b, t, hkv, d):
@@ -188,10 +186,9 @@ def qk_norm_rope_triton(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor
     block = _pow2(d // 2)
     if b * t:
         K._qk_norm_rope[(b * t, hq + hkv)](
-            q, k, q_weight if norm else q, k_weight if norm else k, cos, sin, qo, ko, t, hq,
-            *q.stride()[:3], *k.stride()[:3], *cos.stride()[:2], *sin.stride()[:2], eps, 1.0 / d,
-            NORM=norm, HALF=d // 2, BLOCK=block, num_warps=_warps(block), enable_fp_fusion=False,
-        )
+            q, k, q_weight if norm else q, k_weight if norm else k, cos, sin, qo, ko, t, hq, *q.stride()[:3],
+            *k.stride()[:3], *cos.stride()[:2], *sin.stride()[:2], eps, 1.0 / d, NORM=norm, HALF=d // 2, BLOCK=block,
+            num_warps=_warps(block), enable_fp_fusion=False)
     return qo, ko
 
 
@@ -271,8 +268,7 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
 def frame_attention_usable(q: torch.Tensor, k: torch.Tensor, buf: torch.Tensor) -> bool:
     d = q.shape[-1]
     return (_use_triton("frame_attention", q, k, buf) and d == _pow2(d) and q.shape[2] % k.shape[2] == 0
-            and q.stride(-1) == 1 and all(x.stride(-1) == 1 and x.stride(2) == d for x in (q, k))
-            and buf.is_contiguous())
+            and all(x.stride(-1) == 1 and x.stride(2) == d for x in (q, k)) and buf.is_contiguous())
 
 
 def frame_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kbuf: torch.Tensor, vbuf: torch.Tensor,

@@ -18,7 +18,6 @@ else:
         return libdevice.exp(x)
 
 
-
 @triton.jit
 def _normed(x, w, inv_n, eps):
     """weight * (x * rsqrt(mean(x^2) + eps)).to(dtype), rounded as eager rounds."""
@@ -46,8 +45,7 @@ def _rounded_mul(a, b):
     return (a.to(tl.float32) * b.to(tl.float32)).to(a.dtype).to(tl.float32)
 
 @triton.jit
-def _norm_rope_head(src, dst, w_ptr, cos, sin, eps, inv_d,
-                    NORM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
+def _norm_rope_head(src, dst, w_ptr, cos, sin, eps, inv_d, NORM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.arange(0, BLOCK)
     m = i < HALF
     x1 = tl.load(src + i, mask=m, other=0.0)
@@ -66,9 +64,8 @@ def _norm_rope_head(src, dst, w_ptr, cos, sin, eps, inv_d,
     tl.store(dst + HALF + i, (_rounded_mul(x2, c2) + _rounded_mul(x1, s2)).to(dt), mask=m)
 
 @triton.jit
-def _qk_norm_rope(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, T, HQ,
-                  sqb, sqt, sqh, skb, skt, skh, scb, sct, ssb, sst, eps, inv_d,
-                  NORM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
+def _qk_norm_rope(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, T, HQ, sqb, sqt, sqh, skb, skt, skh,
+                  scb, sct, ssb, sst, eps, inv_d, NORM: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # b * T + t
     h = tl.program_id(1)
     bi, ti = row // T, row % T
@@ -78,9 +75,8 @@ def _qk_norm_rope(q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr
         _norm_rope_head(q_ptr + bi * sqb + ti * sqt + h * sqh, qo_ptr + (row * HQ + h) * 2 * HALF, qw_ptr,
                         cos, sin, eps, inv_d, NORM, HALF, BLOCK)
     else:
-        _norm_rope_head(k_ptr + bi * skb + ti * skt + (h - HQ) * skh,
-                        ko_ptr + (row * (nh - HQ) + h - HQ) * 2 * HALF, kw_ptr,
-                        cos, sin, eps, inv_d, NORM, HALF, BLOCK)
+        _norm_rope_head(k_ptr + bi * skb + ti * skt + (h - HQ) * skh, ko_ptr + (row * (nh - HQ) + h - HQ) * 2 * HALF,
+                        kw_ptr, cos, sin, eps, inv_d, NORM, HALF, BLOCK)
 
 @triton.jit
 def _snake(x_ptr, alpha_ptr, beta_ptr, out_ptr, n, t, c, BLOCK: tl.constexpr):
@@ -175,8 +171,7 @@ def _frame_attention(q_ptr, k_ptr, v_ptr, kb_ptr, vb_ptr, o_ptr, past, t_new, sq
 
 
 @triton.jit
-def _align(ids_ptr, order_ptr, ends_ptr, n, n_experts, BLOCK: tl.constexpr, E_BLOCK: tl.constexpr,
-           CHUNK: tl.constexpr):
+def _align(ids_ptr, order_ptr, ends_ptr, n, n_experts, BLOCK: tl.constexpr, E_BLOCK: tl.constexpr, CHUNK: tl.constexpr):
     """The n expert ids' stable sort by expert in one program: keys id * BLOCK + position are unique, so a sort
     of the keys is the stable argsort (order = key % BLOCK); ends[e] = the number of ids <= e, counted CHUNK ids
     a round. Padding lanes take id n_experts: after every copy, in no expert's count."""

@@ -12,9 +12,8 @@ def _index(device: str | torch.device) -> int:
 
 
 def cap(device: str, gib: float) -> None:
-    """Limit torch's allocations on CUDA `device` (weights, KV caches, CUDA graphs, activations) to `gib` GiB:
-    beyond it an allocation fails with torch's out-of-memory error. ValueError in one line off CUDA, or for a
-    cap the device does not have."""
+    """Limit torch's allocations on CUDA `device` (weights, KV caches, CUDA graphs, activations) to `gib` GiB (beyond
+    it: torch's out-of-memory error); ValueError in one line off CUDA, or for a cap the device does not have."""
     if torch.device(device).type != "cuda":
         raise ValueError(f"--gpu-memory-gib caps CUDA memory, and the model runs on {device}: leave it out")
     total = torch.cuda.get_device_properties(_index(device)).total_memory / 2**30

@@ -112,8 +112,6 @@ class DenseKVCache:
 
 
 class SelfAttention(nn.Module):
-    """GQA self-attention with fused qkv, optional per-head QK RMSNorm, rope."""
-
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, qk_norm: bool,
                  bias: bool = False) -> None:
         super().__init__()
@@ -256,7 +254,6 @@ class LayerStack(nn.Module):
         return self.rotated(x, *self.rope(positions, x.dtype), cache)
 
     def rotated(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        """`forward` with the positions' rope tables given."""
         delta = None
         for i, layer in enumerate(self.layers):
             if isinstance(layer, DecoderLayer):
@@ -272,8 +269,6 @@ def final_norm(norm: RMSNorm, x: torch.Tensor, delta: torch.Tensor | None) -> to
 
 
 class ResizeMLP(nn.Module):
-    """One width to another: fc1, SiLU, fc2 (both with bias)."""
-
     def __init__(self, inp: int, intermediate: int, out: int) -> None:
         super().__init__()
         self.linear_fc1 = nn.Linear(inp, intermediate)

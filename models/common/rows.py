@@ -30,7 +30,6 @@ class Rows:
         return self.tail(0)
 
     def truncate(self, n: int) -> None:
-        """Keep rows 0..n-1."""
         while self.n > n:
             last = self.chunks[-1]
             drop = min(last.shape[0], self.n - n)

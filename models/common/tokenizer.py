@@ -191,7 +191,6 @@ class Tokenizer:
 
     @classmethod
     def load(cls, model: str | Path) -> Tokenizer:
-        """A checkpoint directory's own tokenizer files if it has them, else the builtin one."""
         path = Path(model)
         if not path.is_dir():
             raise ValueError(f"not a checkpoint directory: {model!r}")

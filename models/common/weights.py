@@ -211,7 +211,6 @@ def _set_param(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
     setattr(owner, attr, tensor if attr.endswith(fp8.SCALE) else nn.Parameter(tensor, requires_grad=False))
 
 
-
 def random_weights_(model: nn.Module, seed: int = 0, dtype: torch.dtype = torch.float32) -> None:
     """Seeded random weights of a healthy scale, every parameter touched (norms and scales near 1,
     biases and snake log-scales small, matrices ~ 1/sqrt(fan_in)). Works on ours and on transformers',
