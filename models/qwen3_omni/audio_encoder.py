@@ -18,16 +18,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .audio_features import audio_token_count, downsampled
 from .config import AudioEncoderConfig
 
-
-def sinusoids(length: int, channels: int, device: torch.device, max_timescale: float = 10000.0) -> torch.Tensor:
-    """[length, channels] table: sin of position * timescales, then cos (Whisper's layout)."""
-    half = channels // 2
-    step = math.log(max_timescale) / (half - 1)
-    inv = torch.exp(-step * torch.arange(half, device=device).float())
-    t = torch.arange(length, device=device)[:, None] * inv[None, :]
-    return torch.cat((t.sin(), t.cos()), dim=1)
-
-
 NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -159,9 +149,14 @@ class AudioEncoder(nn.Module):
         return h + self._sinusoids(t, h.device).to(h.dtype)
 
     def _sinusoids(self, length: int, device: torch.device) -> torch.Tensor:
+        """[length, d_model]: sin of position * timescales, then cos (Whisper's layout); cached."""
         key = (device, length)
         if key not in self._positions:
-            self._positions[key] = sinusoids(length, self.cfg.d_model, device)
+            half = self.cfg.d_model // 2
+            step = math.log(10000.0) / (half - 1)
+            inv = torch.exp(-step * torch.arange(half, device=device).float())
+            t = torch.arange(length, device=device)[:, None] * inv[None, :]
+            self._positions[key] = torch.cat((t.sin(), t.cos()), dim=1)
         return self._positions[key]
 
     def windows(self, frames: list[int], chunk_tokens: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

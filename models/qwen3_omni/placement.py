@@ -87,9 +87,7 @@ def kv_layouts(model: Qwen3Omni, cfg: PipelineConfig) -> dict[str, KVLayout]:
     per_token = {n: 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * itemsize for n, t in texts.items()}
     blocks = {n: cfg.stage(n).kv_blocks for n in texts}
     if cfg.kv_memory_gib is not None:
-        gib = cfg.kv_memory_gib
-        if gib < 0:
-            gib = free_gib(cfg.device) - KV_HEADROOM_GIB
+        gib = free_gib(cfg.device) - KV_HEADROOM_GIB if cfg.kv_memory_gib < 0 else cfg.kv_memory_gib
         share = {n: 1.0 if n == "thinker" else TALKER_TOKEN_SHARE for n in texts}
         thinker_tokens = gib * 2**30 / sum(share[n] * per_token[n] for n in texts)
         if thinker_tokens < 4096:

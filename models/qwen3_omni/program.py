@@ -157,11 +157,9 @@ class Qwen3OmniProgram(StagedProgram):
         writer = CallWriter.for_choice(self.tokenizer, opts.tools, opts.tool_choice)
         if writer is not None:
             state.force = forcing(writer, self.model.thinker.embed)
-        works: list[tuple[Stage, Work]] = []
         s = self.by_name
-        if features:
-            works.append((s["audio_encoder"], EncoderWork(state)))
         thinker = ThinkerWork(state, s["thinker"].kv)
+        works: list[tuple[Stage, Work]] = [(s["audio_encoder"], EncoderWork(state))] if features else []
         works.append((s["thinker"], thinker))
         if opts.audio and self.voice is not None:
             works += self.voice.works(state, turn.options)

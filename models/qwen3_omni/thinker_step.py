@@ -45,12 +45,9 @@ class ThinkerStep:
 
     def decode(self, works: list[ThinkerWork]) -> Finish | None:
         """One reply token per row through the fixed-shape step; None if a row is not a plain decode."""
-        for w in works:
-            s = w.turn.session
-            if not w.turn.reply_ids or self.kv.length(w.key) != len(s.ids) - 1:
-                return None
-            if len(self.kv.seqs[w.key].blocks) > self.width:
-                return None
+        if any(not w.turn.reply_ids or self.kv.length(w.key) != len(w.turn.session.ids) - 1
+               or len(self.kv.seqs[w.key].blocks) > self.width for w in works):
+            return None
         x = torch.cat([w.turn.session.embeds.tail(len(w.turn.session.ids) - 1) for w in works])
         rows = kv_views.rows(self.kv, [w.key for w in works], self.width) | self._rows(works) | {"x": x}
         out = (self.greedy_graph if rows["s.greedy"].all() else self.graph)(len(works), rows)

@@ -114,16 +114,12 @@ def tool_response_text(output: str) -> str:
 def _parse_block(body: str) -> ToolCall | None:
     try:
         obj = json.loads(body)
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+            return None
+        arguments = obj.get("arguments", {})
+        arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
     except json.JSONDecodeError:
         return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return None
-    arguments = obj.get("arguments", {})
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            return None
     if not isinstance(arguments, dict):
         return None
     return ToolCall(obj["name"], json.dumps(arguments, ensure_ascii=False, separators=(",", ":")))
@@ -133,16 +129,8 @@ def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[str]]:
     """The <tool_call> blocks of model output, in order: the valid calls (arguments as compact JSON, {} if
     missing), and the invalid blocks' stripped text (not JSON, no non-empty string "name", or "arguments" not
     an object or a string holding one). Never raises; a block left open at the end is read as closed."""
-    calls: list[ToolCall] = []
-    invalid: list[str] = []
-    for match in _BLOCK.finditer(text):
-        body = match.group(1).strip()
-        call = _parse_block(body)
-        if call is None:
-            invalid.append(body)
-        else:
-            calls.append(call)
-    return calls, invalid
+    parsed = [(body, _parse_block(body)) for body in (m.group(1).strip() for m in _BLOCK.finditer(text))]
+    return [call for _, call in parsed if call is not None], [body for body, call in parsed if call is None]
 
 
 def with_tools(turns: list[Turn], tools: Tools, tool_choice: str | Mapping = "auto") -> list[Turn]:

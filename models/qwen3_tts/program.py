@@ -58,9 +58,7 @@ class TtsPipelineConfig:
         dtype = getattr(torch, self.dtype)
         blocks = sc.kv_blocks
         if self.kv_memory_gib is not None:
-            gib = self.kv_memory_gib
-            if gib < 0:
-                gib = free_gib(self.device) - KV_HEADROOM_GIB
+            gib = free_gib(self.device) - KV_HEADROOM_GIB if self.kv_memory_gib < 0 else self.kv_memory_gib
             per_token = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * dtype.itemsize
             blocks = int(gib * 2**30 / per_token) // sc.block_size
         return KVLayout(t.num_hidden_layers, t.num_key_value_heads, t.head_dim, blocks, sc.block_size, dtype,

@@ -33,12 +33,10 @@ class Generation:
 
     @classmethod
     def read(cls, model: str | Path | dict) -> Generation:
-        if isinstance(model, dict):
-            given = model
-        else:
+        if not isinstance(model, dict):
             path = Path(model) / "generation_config.json"
-            given = json.loads(path.read_text()) if path.is_file() else {}
-        g = {k: given.get(k, v) for k, v in DEFAULTS.items()}
+            model = json.loads(path.read_text()) if path.is_file() else {}
+        g = {k: model.get(k, v) for k, v in DEFAULTS.items()}
 
         def params(prefix: str) -> SamplingParams:
             sample = bool(g[f"{prefix}dosample" if prefix else "do_sample"])

@@ -64,8 +64,7 @@ class VoiceWork(FrameWork):
 
     def _readable(self) -> int:
         """Reply tokens that are text: all but a final <|im_end|>."""
-        t = self.turn
-        ids = t.reply_ids
+        t, ids = self.turn, self.turn.reply_ids
         return len(ids) - int(t.reply_done and bool(ids) and ids[-1] == self.voice.model.cfg.im_end_token_id)
 
     def _text(self, k: int, n: int) -> torch.Tensor:
