@@ -81,7 +81,6 @@ def check_device(device: str) -> None:
 
 
 def check_speaking(spec: ModelSpec, args: argparse.Namespace) -> None:
-    """--voice, --language, --instructions and the voice to clone, against what the model declares."""
     if spec.speaks:
         try:
             spec.voice(args.voice)

@@ -52,7 +52,6 @@ class EarlyReply:
         return Plan(self.pipe_session if reuse else new_id("pipe"), messages, ids, context, reuse)
 
     def _adopt(self, plan: Plan) -> None:
-        """The pipeline session now holds the plan's items."""
         for item in self.conversation.items:  # their turn has taken what was encoded ahead
             item.ahead = None
         if not plan.reuse:

@@ -22,7 +22,6 @@ _counter = itertools.count(1)
 
 
 def new_id(prefix: str) -> str:
-    """Unique, prefixed ids: event_, item_, resp_, sess_, call_."""
     return f"{prefix}_{secrets.token_hex(6)}{next(_counter):05d}"
 
 

@@ -34,7 +34,6 @@ class Readiness:
         self.loaded = True
 
     async def reason(self) -> str | None:
-        """Why not ready, or None when ready."""
         if not self.loaded:
             return "loading"
         if self.draining():

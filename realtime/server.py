@@ -166,7 +166,6 @@ class Server:
         return web.json_response(body, status=200 if ok else 503)
 
     async def ready(self, request: web.Request) -> web.Response:
-        """Readiness: 200 when this replica takes new sessions now, else 503 with the reason."""
         reason = await self.readiness.reason()
         return web.json_response({"status": reason or "ready"}, status=503 if reason else 200)
 

@@ -28,7 +28,6 @@ class SileroStream:
         self._context = np.zeros(_CONTEXT, np.float32)
 
     def frame(self, x: np.ndarray) -> float:
-        """The speech probability of one frame of FRAME float32 samples in [-1, 1]."""
         inp = np.concatenate([self._context, x.astype(np.float32, copy=False)])[None]
         out, self._state = self._model.run(None, {"input": inp, "state": self._state, "sr": self._sr})
         self._context = inp[0, -_CONTEXT:]

@@ -65,8 +65,6 @@ def onnx_session(path: str) -> ort.InferenceSession:
 
 
 class SmartTurn:
-    """End-of-turn probability of a turn's audio."""
-
     def __init__(self, path: Path | None = None) -> None:
         path = path or turn_model_path()
         if not path.is_file():

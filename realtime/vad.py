@@ -231,7 +231,6 @@ class ServerVad:
         return max(FRAME_MS, min(LIKELY_END_MS, decide - 2 * FRAME_MS))
 
     def _turn_ends(self) -> bool:
-        """Whether the pause of `self._run` silence frames ends the turn."""
         if self._turn is None or self.eagerness is None:
             return self._run >= self._stop_frames
         e, pause_ms = self.eagerness, self._run * FRAME_MS
