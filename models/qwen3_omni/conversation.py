@@ -73,7 +73,6 @@ class TurnState(SpeakingState):
     reply_ids: list[int] = field(default_factory=list)
     thinker_done: bool = False
     text_stop: str = "completed"
-    # talker side
     head_embeds: torch.Tensor | None = None  # thinker embeds of <|im_start|>assistant\n + reply token 0
     trailing: list[torch.Tensor] = field(default_factory=list)  # talker text rows for decode steps
 

@@ -19,10 +19,9 @@ from .model import Qwen3Omni
 
 @dataclass
 class ThinkerDecode:
-    """One thinker token per row, sampled among the tokenizer's first `vocab` ids (a checkpoint's lm_head
-    may be wider); `no_eos` rows (benchmarks) never sample im_end. `bad`: rows whose logits hold NaN.
-    `greedy`: the step for batches of greedy rows only, argmax without the sampler's sort and draws over the
-    vocabulary (the same ids its greedy rows get from the full step)."""
+    """One thinker token per row, sampled among the tokenizer's first `vocab` ids (a checkpoint's lm_head may be
+    wider); `no_eos` rows (benchmarks) never sample im_end; `bad`: rows whose logits hold NaN. `greedy`: the step for
+    all-greedy batches, argmax without the sampler's sort and draws (the ids the full step gives greedy rows)."""
 
     model: Qwen3Omni
     cache: PagedKVCache

@@ -30,8 +30,7 @@ def default_stages(device: str, graphs: bool = False) -> tuple[StageConfig, ...]
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """`model`: a preset or a checkpoint directory. `kv_memory_gib`: on CUDA, size the thinker and talker
-    caches to this much memory instead of their `kv_blocks` (see `kv_layouts`)."""
+    """`model`: a preset or a checkpoint directory. `kv_memory_gib`: see `kv_layouts`."""
 
     model: str = "tiny"
     device: str = "cpu"

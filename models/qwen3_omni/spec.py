@@ -56,8 +56,7 @@ def omni_spec(cfg: OmniConfig, model: str) -> ModelSpec:
 
 @dataclass(frozen=True)
 class TurnSettings:
-    """What the stages read of a turn: its options with every stage's sampling resolved (the request's, else the
-    model's defaults; models/common/work.settle) and its voice resolved to a speaker."""
+    """A turn's options, each stage's sampling resolved (the request's, else the model's) and its voice a speaker."""
 
     audio: bool
     speaker: str

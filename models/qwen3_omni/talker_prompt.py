@@ -35,8 +35,7 @@ class TtsEmbeds:
 
 def tts_embeds(talker: Talker, thinker_token_embeds: torch.Tensor) -> TtsEmbeds:
     """`thinker_token_embeds` [3, H_thinker]: the thinker's embeddings of tts_bos, tts_eos, tts_pad."""
-    bos, eos, pad = talker.project_text(thinker_token_embeds).unbind(0)
-    return TtsEmbeds(bos, eos, pad)
+    return TtsEmbeds(*talker.project_text(thinker_token_embeds).unbind(0))
 
 
 def tts_token_ids(cfg: OmniConfig) -> list[int]:

@@ -22,8 +22,7 @@ from models.common.weights import load_weights
 
 MODEL_TYPE = "qwen3_tts_tokenizer_12hz"
 
-# the reference decoder config class's defaults
-DECODER_DEFAULTS: dict[str, Any] = {
+DECODER_DEFAULTS: dict[str, Any] = {  # the reference decoder config class's defaults
     "codebook_size": 2048, "hidden_size": 1024, "latent_dim": 1024, "max_position_embeddings": 8000,
     "rope_theta": 10000, "num_attention_heads": 16, "num_key_value_heads": 16, "sliding_window": 72,
     "intermediate_size": 3072, "layer_scale_initial_scale": 0.01, "rms_norm_eps": 1e-5, "num_hidden_layers": 8,

@@ -40,8 +40,7 @@ class TtsPipelineConfig:
     @classmethod
     def on(cls, model: str, device: str, dtype: str | None = None, graphs: bool | None = None,
            kv_memory_gib: float | None = None, **overrides: dict) -> TtsPipelineConfig:
-        unknown = set(overrides) - {"talker", "code2wav"}
-        if unknown:
+        if unknown := set(overrides) - {"talker", "code2wav"}:
             raise ValueError(f"Qwen3-TTS has stages talker and code2wav, not {sorted(unknown)}")
         cuda = device.startswith("cuda")
         graphs = cuda if graphs is None else graphs
