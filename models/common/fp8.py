@@ -17,6 +17,7 @@ FP8_MAX = torch.finfo(FP8).max
 BLOCK = (128, 128)
 SCALE = "_scale_inv"  # checkpoint key suffix of a weight's block scales
 SUPPORTED = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}
+PIECES = {"w13": 2, "w2": 1}  # an Experts weight's pieces, quantized apart: [gate | up], down
 
 
 def block_size(q: object) -> tuple[int, int] | None:
@@ -57,9 +58,6 @@ def quantize(w: torch.Tensor, block: tuple[int, int] = BLOCK) -> tuple[torch.Ten
     scale = torch.where(amax > 0, amax / FP8_MAX, 1.0)
     q = (blocks / scale[..., :, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q.flatten(-2).flatten(-3, -2)[..., :rows, :cols].contiguous(), scale
-
-
-PIECES = {"w13": 2, "w2": 1}  # an Experts weight's pieces, quantized apart: [gate | up], down
 
 
 def quantize_pieces(w: torch.Tensor, pieces: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,10 +18,13 @@ import torch
 import torch.nn.functional as F
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None  # CPU-only torch builds ship without it
-
 KERNELS = ("norm", "rope", "snake", "silu_mul", "route", "align", "frame_attention")  # this module's
 SWITCHES = (*KERNELS, "skinny", "sampling", "dispatch")  # with skinny.py's, the sampler's and the fp8 experts'
 OFF: set[str] = set()  # the runtime may switch kernels off
+ROUTE_MAX_EXPERTS = 256  # one row of logits in one warp's registers
+ALIGN_MAX = 1024  # expert ids (tokens x top_k) sorted in one program: decode batches; larger ones take argsort
+ALIGN_CHUNK = 64
+SNAKE_BLOCK = SILU_BLOCK = 1024
 
 
 def use_triton(on: bool, only: Collection[str] | None = None) -> None:
@@ -125,9 +128,6 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return silu_mul_torch(gate_up)
 
 
-ROUTE_MAX_EXPERTS = 256  # one row of logits in one warp's registers
-
-
 def route(logits: torch.Tensor, top_k: int, norm_topk: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits [N, E] -> (weights [N, K] float32, expert ids [N, K] int64), larger weights first: softmax
     over the E experts in float32, the top K, with norm_topk divided by their sum. Among equal probabilities the
@@ -192,9 +192,6 @@ def qk_norm_rope_triton(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor
     return qo, ko
 
 
-SNAKE_BLOCK = 1024
-
-
 def snake_triton(x: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     from . import fused_kernels as K
 
@@ -221,10 +218,6 @@ def route_triton(logits: torch.Tensor, top_k: int, norm_topk: bool) -> tuple[tor
     return weights, idx
 
 
-ALIGN_MAX = 1024  # expert ids (tokens x top_k) sorted in one program: decode batches; larger ones take argsort
-ALIGN_CHUNK = 64
-
-
 def align(ids: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token copies' expert ids [N] -> (their stable order by expert [N] int64, each expert's end in that order
     [E] int32): a MoE's dispatch."""
@@ -248,9 +241,6 @@ def align_triton(ids: torch.Tensor, n_experts: int) -> tuple[torch.Tensor, torch
     K._align[(1,)](ids, order, ends, ids.numel(), n_experts, BLOCK=max(_pow2(ids.numel()), ALIGN_CHUNK),
                    E_BLOCK=_pow2(n_experts), CHUNK=ALIGN_CHUNK, num_warps=4)
     return order, ends
-
-
-SILU_BLOCK = 1024
 
 
 def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,8 @@ from pipelines.kv_cache import sdpa
 from . import fp8_moe, fused, skinny
 from .config import CodePredictorConfig, TextConfig
 
+USE_GROUPED_ON_CPU = False  # the per-expert loop is the CPU path; tests flip this to check both agree
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -76,9 +78,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, p
         if window is not None:
             mask &= kj > qi - window
     return sdpa(q, k, v, mask, scale)
-
-
-USE_GROUPED_ON_CPU = False  # the per-expert loop is the CPU path; tests flip this to check both agree
 
 
 class KVCache(Protocol):

@@ -7,14 +7,13 @@ cuBLAS, and an eager step's untimed shape stays on cuBLAS."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 import torch.nn.functional as F
 
 from pipelines.fastest import fastest
 
-HAVE_TRITON = importlib.util.find_spec("triton") is not None
+from .fused import HAVE_TRITON
+
 ENABLED = True
 MAX_ROWS = 64
 CONFIGS = ((32, 128, 1), (64, 128, 1), (32, 128, 4))  # (BLOCK_N, BLOCK_K, SPLIT); (16, 256, 1) never won by 0.1 us

@@ -16,6 +16,8 @@ from pipelines.types import AudioChunk, Event, TurnError
 from .rows import Rows
 from .work import Turn, Work
 
+TEXT_LEAD = 6  # reply tokens the writer may run ahead of the frame stage reading them (one per frame)
+
 
 @dataclass(kw_only=True)
 class SpeakingState:
@@ -85,9 +87,6 @@ class SpeakingState:
         if self.audio_samples:
             out["rtf"] = (now - self.t_start) / (self.audio_samples / self.rate)
         return out
-
-
-TEXT_LEAD = 6  # reply tokens the writer may run ahead of the frame stage reading them (one per frame)
 
 
 class FrameWork(Work):
