@@ -66,8 +66,7 @@ class Encoder:
     def push(self, pcm: np.ndarray) -> bytes:
         if not len(pcm):
             return b""
-        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(pcm, dtype=np.float32)[None], format="flt",
-                                           layout="mono")
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(pcm, np.float32)[None], format="flt", layout="mono")
         frame.sample_rate, frame.pts = self.rate, self.pts
         self.pts += len(pcm)
         return self._encode(frame)

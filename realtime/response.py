@@ -176,16 +176,14 @@ class Response:
 
     def _add_item(self, item: Item) -> None:
         self.items.append(item)
-        index = len(self.items) - 1
-        self.send({"type": "response.output_item.added", "response_id": self.id, "output_index": index,
+        self.send({"type": "response.output_item.added", "response_id": self.id, "output_index": len(self.items) - 1,
                    "item": item.data})
         if self.conversation is not None:
             prev = self.conversation.insert(item)
             self.send({"type": "conversation.item.added", "previous_item_id": prev, "item": item.data})
 
     def _where(self, item: Item) -> dict:
-        return {"response_id": self.id, "item_id": item.id, "output_index": self.items.index(item),
-                "content_index": 0}
+        return {"response_id": self.id, "item_id": item.id, "output_index": self.items.index(item), "content_index": 0}
 
     def _close_message(self, item: Item, status: str) -> None:
         where = self._where(item)

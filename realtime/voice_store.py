@@ -101,8 +101,7 @@ class VoiceStore:
         with self._lock:
             if self._db is None:
                 self.audio_dir.mkdir(parents=True, exist_ok=True)
-                self._db = sqlite3.connect(self.dir / "voices.sqlite3", check_same_thread=False,
-                                           isolation_level=None)
+                self._db = sqlite3.connect(self.dir / "voices.sqlite3", check_same_thread=False, isolation_level=None)
                 self._db.executescript(SCHEMA)
             return self._db.execute(query, args).fetchall()
 
