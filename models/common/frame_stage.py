@@ -4,9 +4,7 @@ rows' scratch)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
-from typing import Protocol
 
 import torch
 
@@ -16,32 +14,12 @@ from pipelines.kv_cache import PagedKVCache
 from pipelines.model_runner import Finish
 from pipelines.sampling import sampling_rows
 from pipelines.stage import StageConfig
-from pipelines.types import GenerationOptions
 
 from .frame import FrameTalker
 from .frame_step import FramePrefill, FrameStep
-from .prefill import InputRows, PrefillCall, Prefills
+from .prefill import PrefillCall, Prefills
+from .speaking import FrameWork
 from .work import NAN_MESSAGE
-
-
-class FrameTurn(Protocol):
-    options: GenerationOptions
-    codes: list[list[int]]  # the frames made so far
-
-    def on_frame(self, codes: list[int], row: torch.Tensor, embed_sum: torch.Tensor, eos: int) -> torch.Tensor | None:
-        """Take a frame; returns the codec part of the stream's next input (None: the stream ends)."""
-
-
-class FrameWork(Protocol):
-    key: str  # the stream's KV-cache sequence
-    turn: FrameTurn
-    slot: int | None  # its row of `seen`, from its first step
-    free_slot: Callable[[int], None]
-    next_embed: torch.Tensor | None
-    next: tuple[torch.Tensor, torch.Tensor] | None  # its next input's two parts (FrameWork.feed), to add
-    inputs: InputRows  # every input of the stream, fed or still pending
-
-    def fail(self, code: str, message: str) -> None: ...
 
 
 class FrameStage:
