@@ -145,8 +145,7 @@ class InputStream:
         self.ahead = _feed(self.ahead, self._pieces[-1])
 
     def take(self, last: bool, rest: torch.Tensor | None = None) -> tuple[torch.Tensor, AudioAhead | None]:
-        """The buffer so far (after encoding `rest`) at the model rate, and its encoding or None. `last`: the buffer
-        ends here and the encoding is handed over; else a fork of it, and the buffer goes on."""
+        """The buffer (`rest` encoded first) at the model rate, its encoding (`last`: handed over, else a fork)."""
         if rest is not None:
             self.encode(rest)
         tail = self._resampler.tail()

@@ -1,6 +1,5 @@
-"""The `omni-realtime` command: `serve` (the gateway) and `generate` (one offline turn, same pipeline).
-
-Errors are one line on stderr and exit code 2 (`--debug` shows the traceback)."""
+"""The `omni-realtime` command: `serve` (the gateway) and `generate` (one offline turn, same pipeline). Errors are one
+line on stderr and exit code 2 (`--debug` shows the traceback)."""
 
 from __future__ import annotations
 

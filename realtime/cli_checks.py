@@ -21,9 +21,8 @@ def default_device() -> str:
 
 
 def default_threads(device: str) -> int:
-    """torch's CPU threads: on CUDA one, as the CPU's share is small audio ops run on several threads at once (a
-    commit's audio work took 5-7 ms with 16 threads, 4-5 with 4 and 3.5-4 with 1 on the H200 box); min(4, cores) on
-    CPU, where the model itself runs."""
+    """torch's CPU threads: 1 on CUDA, where the CPU runs small audio ops on several threads at once (a commit's audio
+    work took 5-7 ms with 16 threads, 4-5 with 4, 3.5-4 with 1 on the H200 box); min(4, cores) on CPU, for the model."""
     return 1 if device.startswith("cuda") else min(4, os.cpu_count() or 1)
 
 

@@ -1,5 +1,4 @@
-"""The conversation as the client sees it (items with ids, in order) and its mapping onto pipeline
-messages. Items keep what the pipeline needs to re-read them (user audio at 16 kHz)."""
+"""The conversation as the client sees it (items in order) and as pipeline messages (items keep their user audio)."""
 
 from __future__ import annotations
 

@@ -129,10 +129,9 @@ def resample(pcm: torch.Tensor, sr_in: int, sr_out: int) -> torch.Tensor:
 
 
 class StreamResampler:
-    """Streaming `resample`: `push` returns the output samples whose inputs have all arrived, `tail()` the rest as if
-    the input ended now (without ending it); they concatenate to `resample` of the whole input (to float rounding).
-    A block of `_in` -> `_out` samples is computed once its right support has arrived, with `_context` (>= the
-    kernel's half-width, whole blocks) of history kept: every sample sees the inputs of a one-shot resample."""
+    """Streaming `resample`: `push` returns the outputs whose inputs have all arrived, `tail()` the rest as if the input
+    ended now; they concatenate to `resample` of the whole input (to float rounding). A block of `_in` -> `_out` samples
+    is computed once its right support has arrived, with `_context` (>= the kernel's half-width) of history kept."""
 
     def __init__(self, sr_in: int, sr_out: int) -> None:
         g = math.gcd(sr_in, sr_out)

@@ -3,8 +3,7 @@
 response.created -> output_item.added -> conversation.item.added -> content_part.added ->
 output_audio.delta / output_audio_transcript.delta (or output_text.delta) ... -> *.done ->
 content_part.done -> conversation.item.done -> output_item.done -> response.done -> rate_limits.updated.
-A reply that is a tool call becomes function_call items (with function_call_arguments.delta/done).
-"""
+A reply that is a tool call becomes function_call items (with function_call_arguments.delta/done)."""
 
 from __future__ import annotations
 

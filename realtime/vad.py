@@ -90,6 +90,7 @@ class VadConfig:
         keys = SEMANTIC_VAD_DEFAULTS if self.type == "semantic_vad" else SERVER_VAD_DEFAULTS
         return {k: getattr(self, k) for k in keys}
 
+
 @dataclass(frozen=True)
 class SpeechStarted:
     audio_start_ms: int
