@@ -29,8 +29,7 @@ MODELS = (
     Entry("qwen3_omni_moe", ("tiny", "tiny-thinker"), "models.qwen3_omni.program:build",
           "models.qwen3_omni.spec:describe"),
     Entry("qwen3_tts", ("tiny-tts",), "models.qwen3_tts.program:build", "models.qwen3_tts.spec:describe",
-          "models.qwen3_tts.voice:build_voice"),
-)
+          "models.qwen3_tts.voice:build_voice"))
 
 
 def presets() -> tuple[str, ...]:

@@ -34,11 +34,8 @@ def tiny_config(variant: str = "a") -> dict:
 
 def thinker_only(config: dict) -> dict:
     """The same config without a talker: the layout of the Thinking and Captioner checkpoints."""
-    c = copy.deepcopy(config)
-    for key in ("talker_config", "code2wav_config"):
-        c.pop(key, None)
-    c["enable_audio_output"] = False
-    return c
+    drop = ("talker_config", "code2wav_config")
+    return {**{k: copy.deepcopy(v) for k, v in config.items() if k not in drop}, "enable_audio_output": False}
 
 
 PRESETS = {"tiny": lambda: tiny_config("a"), "tiny-thinker": lambda: thinker_only(tiny_config("a"))}

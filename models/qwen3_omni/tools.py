@@ -19,15 +19,11 @@ from pipelines.types import ToolCall
 
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
 TOOL_RESPONSE_START, TOOL_RESPONSE_END = "<tool_response>", "</tool_response>"
-TOOLS_HEADER = (
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-)
-TOOLS_FOOTER = (
-    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
-    "</tool_call>"
-)
+TOOLS_HEADER = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+TOOLS_FOOTER = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+                '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+                '<args-json-object>}\n</tool_call>')
 # Our own wording (Qwen was not trained on a tool_choice signal): added to the instructions, before the block.
 REQUIRED_INSTRUCTION = "In this reply, you must call at least one of the functions below."
 FORCED_INSTRUCTION = 'In this reply, you must call the function "{name}".'

@@ -59,8 +59,7 @@ class TalkerConfig:
             num_key_value_heads=g("num_key_value_heads"), head_dim=d.get("head_dim") or g("hidden_size") // heads,
             num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, norm_topk_prob=False,
             rms_norm_eps=float(g("rms_norm_eps")), rope_theta=theta, mrope_section=(), mrope_interleaved=False,
-            hidden_act=g("hidden_act"), attention_bias=bool(g("attention_bias")),
-        )
+            hidden_act=g("hidden_act"), attention_bias=bool(g("attention_bias")))
         cp = CodePredictorConfig.from_hf(g("code_predictor_config"))
         ids = read_fields(cls, d, w, ("text", "code_predictor", "speakers", "dialects", "languages"),
                           {"codec_eos_id": ("codec_eos_token_id",)})

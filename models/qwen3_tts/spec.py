@@ -55,8 +55,7 @@ def tts_spec(cfg: TtsConfig, gen: Generation, tiny: str = "") -> ModelSpec:
         name=NAMES[cfg.model_type], family="qwen3_tts", output_rate=OUTPUT_RATE, frame_samples=FRAME_SAMPLES,
         voices=voices, default_voice=voices[0], languages=("auto", *languages),
         instructions=cfg.takes_instructions, text_out=False, reads_aloud=True, clones=cfg.model_type == "base",
-        sampling={"talker": gen.talker, "predictor": gen.predictor}, tiny=tiny,
-    )
+        sampling={"talker": gen.talker, "predictor": gen.predictor}, tiny=tiny)
 
 
 def describe(model: str) -> ModelSpec:
