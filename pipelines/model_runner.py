@@ -28,9 +28,8 @@ class DecodeModel(StepModel, Protocol):
     """A StepModel with a fixed-shape step for one new input per row (captured as CUDA graphs)."""
 
     def decode(self, works: list[Work]) -> Finish | None:
-        """Launch the batch through the fixed-shape step and return what reads its results back and hands them on
-        (the stage calls it at once, or after the next stages launched: StageConfig.overlap); None (nothing done)
-        when it cannot take the batch."""
+        """Launch the batch through the fixed-shape step; return what reads its results back and hands them on (called
+        at once, or after the next stages launched: StageConfig.overlap), or None (nothing done) if it cannot."""
 
     def capture(self, pool: object | None) -> object | None:
         """Capture the fixed-shape steps (when graphs are on), sharing the memory pool `pool`."""

@@ -103,9 +103,8 @@ class StagedProgram:
         return seconds
 
     def start_turn(self, turn: Turn, emit: Emit, held: bool = False) -> None:
-        """Register a turn's works, or refuse it (TurnError) before any work exists. Every turn started
-        here ends with exactly one TurnDone or TurnError. One held turn per session; pass a held Gate as
-        `emit` to release its events from another thread."""
+        """Register a turn's works, or refuse it (TurnError) before any exist; every turn started here ends with exactly
+        one TurnDone or TurnError. One held turn per session; a held Gate as `emit` releases its events elsewhere."""
         self.started += 1
         gate = emit if isinstance(emit, Gate) else Gate(emit, held)
         entry: HeldTurn | None = None

@@ -61,10 +61,10 @@ class Message:
 
 @dataclass(frozen=True)
 class GenerationOptions:
-    """Per-turn settings. `voice`, `language`: declared ones ("" for the default / auto); `instructions`: a
-    speaking style; `reference_audio` (mono, output rate) and `reference_text`: a voice to clone. `sampling`
-    overrides `ModelSpec.sampling` per stage; `greedy` makes every stage argmax (as the model's reference
-    does under greedy: it may keep a repetition penalty)."""
+    """Per-turn settings. `voice`, `language`: declared ones ("" for the default / auto); `instructions`: a speaking
+    style; `reference_audio` (mono, output rate) and `reference_text`: a voice to clone. `sampling` overrides
+    `ModelSpec.sampling` per stage; `greedy` makes every stage argmax (as the reference's greedy: it may keep a
+    repetition penalty)."""
 
     audio: bool = True
     voice: str = ""

@@ -71,8 +71,7 @@ def render(tokenizer: Tokenizer, turns: Iterable[Turn], add_generation_prompt: b
 
 
 def render_continuation(tokenizer: Tokenizer, turns: Iterable[Turn], add_generation_prompt: bool = True) -> Prompt:
-    """The new part of a conversation whose cached prefix ends with a generated reply and its <|im_end|>.
-
+    """The new part of a conversation whose cached prefix ends with a generated reply and its <|im_end|>:
     render(history + [reply] + turns) == render(history) + reply ids + <|im_end|> + render_continuation(turns)"""
     return Prompt(tuple(tokenizer.encode("\n"))) + render(tokenizer, turns, add_generation_prompt)
 

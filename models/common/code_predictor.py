@@ -1,7 +1,7 @@
 """The code predictor: a small dense transformer filling in codebooks 1..15 of one frame, in 15 steps over 16 positions
 with a cache that lives for that frame. It sees the talker's final hidden state and the talker's embedding of the
-codebook-0 code first, then each code it chose (codebook g through `codec_embedding[g - 1]`); step g predicts codebook g
-+ 1 with head g."""
+codebook-0 code first, then each code it chose (codebook g through `codec_embedding[g - 1]`); step g predicts codebook
+g + 1 with head g."""
 
 from __future__ import annotations
 

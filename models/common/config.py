@@ -1,7 +1,6 @@
-"""Config dataclasses shared by models (a decoder-only transformer, the code predictor, Code2Wav) and their parsing from
-config.json, in transformers 5's form (`rope_parameters`) or the older one (`rope_theta` + `rope_scaling`). Sizes and
-ids are required, never a silently wrong default; only keys whose default is the real checkpoint's value may be left out
-(OPTIONAL)."""
+"""Config dataclasses shared by models (a decoder-only transformer, the code predictor, Code2Wav), parsed from
+config.json in transformers 5's form (`rope_parameters`) or the older one (`rope_theta` + `rope_scaling`). Sizes and
+ids are required, never a silently wrong default; only keys whose default is the real checkpoint's may be left out."""
 
 from __future__ import annotations
 

@@ -88,7 +88,7 @@ def fp8_experts_(model: nn.Module, empty: bool = False) -> None:
 
 
 def store_(experts: layers.Experts, name: str, w: torch.Tensor) -> None:
-    """Full-precision expert weights `w` [E, rows, cols] quantized, one expert at a time, into `experts`' fp8
-    `name` and its scales."""
+    """Full-precision expert weights `w` [E, rows, cols] quantized, an expert at a time, into `experts`' fp8 `name`
+    and its scales."""
     for e in range(w.shape[0]):
         getattr(experts, name)[e], getattr(experts, name + SCALE)[e] = quantize_pieces(w[e], PIECES[name])

@@ -1,6 +1,5 @@
 """The frame LM's stage: prefill and decode through frame_step.py. Each talker stream holds a row (slot) of the
-repetition-penalty state `seen` [slots + 1, V] (its codebook-0 ids, updated on the device; the last row is the padding
-rows' scratch)."""
+repetition-penalty state `seen` [slots + 1, V] (its codebook-0 ids, updated on the device; the last: padding's)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 card's bandwidth (the code predictor's 1024 x 6144 projection: 10.3 us at one row on the H200, 1.2 TB/s).
 A Triton kernel streams each weight row once for all of x's rows, split over the output (and, for few outputs,
 the reduction, summed in order by a second kernel: deterministic). On CUDA a graph runner's warm-up times cuBLAS
-and the kernel's CONFIGS per shape and keeps the fastest (pipelines/fastest.py): no captured step gets slower than
-cuBLAS, and an eager step's untimed shape stays on cuBLAS."""
+and the kernel's CONFIGS per shape and keeps the fastest (pipelines/fastest.py), so no captured step is slower
+than cuBLAS; an eager step's untimed shape stays on it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""What every stage's work item shares: the turn it serves (the part the runtime reads: `Turn`) and the key
-of its cache entries."""
+"""What every stage's work item shares: the turn it serves (what the runtime reads of it: `Turn`) and its cache key."""
 
 from __future__ import annotations
 
