@@ -5,7 +5,6 @@ discards it (the pipeline rolls the session back; none of its events reach the c
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -13,8 +12,6 @@ from pipelines.types import Event, Message, Turn
 
 from .items import Item, to_messages, user_audio_item
 from .protocol import new_id
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
