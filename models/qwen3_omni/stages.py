@@ -64,17 +64,11 @@ class TalkerWork(FrameWork):
                 return 0
             self.inputs.append(self.prompt(t))
         if self.next_embed is not None:  # the last input made its frame (even if its cache was preempted since)
-            text = self._text(self.steps)
-            if text is None:
+            k = self.steps
+            if k >= len(t.trailing) and not t.thinker_done:
                 return 0  # the next input waits for the thinker's next token; recomputing now would redo a frame
-            self.feed(text)
+            self.feed(t.trailing[k] if k < len(t.trailing) else t.tts.pad)
         return self.unfed()
-
-    def _text(self, step: int) -> torch.Tensor | None:
-        t = self.turn
-        if step < len(t.trailing):
-            return t.trailing[step]
-        return t.tts.pad if t.thinker_done else None
 
 
 class EncoderStep:
