@@ -1,5 +1,4 @@
-"""A session's input audio work off the event loop (the worker threads; decoding an append and running the turn
-detector on it; encoding an item's audio for retrieval) and the append rate limit."""
+"""A session's input audio work off the event loop (decoding appends, turn detection, item audio); the append rate."""
 
 from __future__ import annotations
 

@@ -239,8 +239,7 @@ TRANSCRIPTION_SCHEMA: dict = {"type": _session_type, "include": _include, "audio
 
 
 def update_session(current: dict, update: Any, model: str, spec: ModelSpec) -> dict:
-    """A `session.update` applied to the session config: a change of `type` starts from that type's
-    defaults (keeping the id and the input audio config); the whole update is validated first."""
+    """A `session.update` applied (all validated first): a new `type` starts from its defaults, keeping id and input."""
     if not isinstance(update, dict):
         raise ProtocolError("invalid_type", "session must be an object", "session")
     kind = update.get("type", current["type"])

@@ -51,8 +51,7 @@ class Gate:
                 raise ValueError(f"allowed origin {origin!r} is not '*' or scheme://host[:port] (http or https)")
 
     def origin_ok(self, origin: str | None, host: str) -> bool:
-        """Without a key, a browser's Origin must be in the allowed list, the server's own host, or localhost when
-        bound to loopback. With a key, the key is the gate."""
+        """Without a key: an allowed origin, the server's own host, or localhost if bound to loopback; with one, any."""
         if self.api_key or origin is None or "*" in self.allowed_origins:
             return True
         origin = origin.strip().rstrip("/").lower()

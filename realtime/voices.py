@@ -33,8 +33,7 @@ class CustomVoices:
         self.spec, self.store = spec, store
 
     def options(self, voice: Any, where: str = "voice") -> dict:
-        """{"voice": ...} or a custom voice's fields; ValueError for a voice this model cannot use, LookupError for
-        a custom voice id that does not exist."""
+        """{"voice": ...} or a custom voice's fields; ValueError: a voice it cannot use, LookupError: no such id."""
         if isinstance(voice, dict) and set(voice) == {"id"}:
             if is_custom(voice):
                 return self.custom(voice["id"], where)
