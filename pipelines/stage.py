@@ -60,8 +60,7 @@ class Stage:
         self.scheduler = Scheduler(self.kv, cfg.max_batch, cfg.max_prefill_tokens)
         self.scheduler.urgent_s = cfg.urgent_s
         self.runner = ModelRunner(model, self.kv, torch.device(cfg.device), cfg.name)
-        cuda = torch.device(cfg.device).type == "cuda"
-        self.stream = torch.cuda.Stream(torch.device(cfg.device)) if cuda else None
+        self.stream = torch.cuda.Stream(self.runner.device) if self.runner.device.type == "cuda" else None
         self._unfinished: tuple[Callable[[], None], Batch] | None = None
 
     @contextlib.contextmanager
