@@ -68,7 +68,6 @@ class Readiness:
         yield GaugeMetricFamily("omni_sessions_free", "Sessions this replica can still open (cap minus open).",
                                 value=max(0, r.max_sessions - m.sessions))
         if m.engine is not None:
-            typical = r.pipeline.capacity()["sessions"]
+            free = conversations_free(r.pipeline.capacity()["sessions"], m.engine.kv_used, m.engine.kv_total)
             yield GaugeMetricFamily("omni_kv_conversations_free", "Conversations of a typical length the KV caches "
-                                    "can still take.", value=conversations_free(typical, m.engine.kv_used,
-                                                                                 m.engine.kv_total))
+                                    "can still take.", value=free)
