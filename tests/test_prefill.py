@@ -106,3 +106,35 @@ def test_a_model_without_a_talker_runs_the_thinker_steps_without_talker_rows(mod
     with torch.inference_mode():
         out = step.graph(1, rows)
     assert set(out) == {"ids", "embeds", "bad"} and not out["bad"].any()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_sixteen_sequences_prefill_in_one_captured_call_exactly_as_eagerly():
+    """PrefillGraphs.ROWS' largest bucket (16) captured in bf16 replays what the same padded call computes eagerly,
+    row for row; 12 sequences of a burst's first turns take one call."""
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    m = load_model("tiny", dev, dt)
+    text = m.cfg.thinker.text
+    lengths = [86, 90, 77, 96, 66, 95, 81, 88, 72, 93, 84, 79]  # all in the 96-token bucket
+    x = torch.randn(len(lengths), 96, text.hidden_size, generator=torch.Generator().manual_seed(5)).to(dev, dt)
+    outs = []
+    for graphs in (True, False):
+        cache = PagedKVCache(KVLayout(text.num_hidden_layers, text.num_key_value_heads, text.head_dim, 256, 16,
+                                      dt, dev))
+        prefill = ThinkerPrefill(ThinkerDecode(m, cache, text.vocab_size), m.cfg.talker.accept_hidden_layer)
+        steps = Prefills("thinker_prefill", prefill, lambda t, w, p=prefill: p.inputs(dt, t, w), cache, dev, graphs)
+        steps.capture(None)
+        keys = [Seq(f"s{i}") for i in range(len(lengths))]
+        for s, n in zip(keys, lengths, strict=True):
+            cache.reserve(s.key, n)
+        (call,) = list(steps.calls(keys, lengths))
+        assert len(call.group) == 12 and (16 in call.runner.graphs) is graphs
+        rows = kv_views.prefill_rows(cache, [(s.key, n) for s, n in call.group], call.tokens, call.blocks)
+        greedy = sampling_rows("s", [SamplingParams(greedy=True)] * 12)
+        with torch.inference_mode():
+            outs.append(call.runner(12, rows | {"x": x, "last": [n - 1 for n in lengths], "step": [0] * 12,
+                                                "no_eos": [False] * 12, **greedy}))
+    graph, eager = outs
+    assert graph.keys() == eager.keys()
+    for k in graph:
+        assert torch.equal(graph[k], eager[k]), k
