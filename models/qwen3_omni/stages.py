@@ -88,8 +88,7 @@ class EncoderStep:
         ahead = [w for w in works if any(isinstance(f, AudioStream) for f in w.turn.audio_features)]
         tails = [self._tail(f) for w in ahead for f in w.turn.audio_features]
         outs = finish_all(tower, tails, self.graph)  # encoded as the audio arrived: the tails' last call, shared
-        for w in ahead:
-            self._embed(w, torch.cat([outs.pop(0) for _ in w.turn.audio_features]))
+        done = [(w, torch.cat([outs.pop(0) for _ in w.turn.audio_features])) for w in ahead]
         works = [w for w in works if w not in ahead]
         full = [w for w in works if all(f.shape[1] >= chunk for f in w.turn.audio_features)]
         groups = [full] * bool(full) + [[w] for w in works if w not in full]
@@ -99,16 +98,40 @@ class EncoderStep:
             start = 0
             for w in group:
                 n = sum(int(tower.token_count(f.shape[1])) for f in w.turn.audio_features)
-                self._embed(w, None if audio is None else audio[start : start + n])
+                done.append((w, None if audio is None else audio[start : start + n]))
                 start += n
+        self._embed(done)
 
     def _tail(self, audio: AudioStream | torch.Tensor) -> Tail:
         if isinstance(audio, AudioStream):
             return audio.finish_parts()[1]
         return Tail([self.model.thinker.audio_tower(audio.to(self.device, self.dtype))], [], None, 0, 0)
 
-    def _embed(self, w: EncoderWork, audio: torch.Tensor | None) -> None:
-        ids = torch.tensor([w.turn.prompt_ids], device=self.device)
-        w.done = True
-        w.turn.on_prompt_embeds(self.model.thinker.embed_prompt(ids, audio)[0])
+    def _embed(self, done: list[tuple[EncoderWork, torch.Tensor | None]]) -> None:
+        """Each turn's prompt embeddings, its audio rows at its audio_pad ids (as `Thinker.embed_prompt`), for all
+        turns in one lookup and one copy, the positions found on the host; then one host sync: the thinker's stream
+        reads them, and stages share what a sync made (a turn alone took ~10 torch calls and 2 syncs)."""
+        if not done:
+            return
+        pad = self.model.cfg.thinker.audio_token_id
+        ids: list[int] = []
+        at: list[int] = []
+        for w, audio in done:
+            if audio is not None:
+                mine = [len(ids) + i for i, t in enumerate(w.turn.prompt_ids) if t == pad]
+                if len(mine) != audio.shape[0]:
+                    raise ValueError(f"{len(mine)} audio_pad tokens but {audio.shape[0]} audio embeddings")
+                at += mine
+            ids += w.turn.prompt_ids
+        cuda = self.device.type == "cuda"
+        index = torch.tensor(ids + at, dtype=torch.long, pin_memory=cuda).to(self.device, non_blocking=True)
+        x = self.model.thinker.embed(index[: len(ids)])
+        if at:
+            x[index[len(ids) :]] = torch.cat([a for _, a in done if a is not None]).to(x.dtype)
+        parts = [part.clone() for part in x.split([len(w.turn.prompt_ids) for w, _ in done])]  # not views of x
+        if cuda:
+            torch.cuda.current_stream(self.device).synchronize()
+        for (w, _), part in zip(done, parts, strict=True):
+            w.done = True
+            w.turn.on_prompt_embeds(part)
 
