@@ -165,8 +165,8 @@ def main() -> None:
                    help="the Triton kernel's TILE_N:TILE_K configurations to time (TILE_K divides 128)")
     p.add_argument("--prefill-tiles", default="",
                    help="also time the kernel's wide tiles (fp8_moe.PREFILL, at every batch here), each "
-                        "TILE_M:TILE_N:TILE_K:warps[:stages[:swap]] (stages 3, swap 0 unless given; swap 1: the "
-                        "tile computed as W x^T), comma-separated (e.g. 64:128:128:4,64:128:128:4:3:1)")
+                        "TILE_M:TILE_N:TILE_K:warps[:stages] (stages 3 unless given), comma-separated "
+                        "(e.g. 64:128:128:4,128:128:64:8:4)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     w = Weights.random(args.experts, args.hidden, args.intermediate, args.device)
@@ -183,10 +183,8 @@ def main() -> None:
         for method, tile in [(m, None) for m in METHODS if m != "fp8_block_triton"] + [
                 ("fp8_block_triton", t) for t in args.tiles.split(",")] + wide:
             fp8_moe.PREFILL, fp8_moe.PREFILL_ROWS = None, 0
-            if tile and tile.count(":") >= 3:  # pipeline stages 3 and no swap unless given
-                fp8_moe.PREFILL = (*(int(v) for v in tile.split(":")), 3, 0)[:6]
-                if tile.count(":") == 4:
-                    fp8_moe.PREFILL = (*fp8_moe.PREFILL[:5], 0)
+            if tile and tile.count(":") >= 3:  # pipeline stages: 3 unless given
+                fp8_moe.PREFILL = (*(int(v) for v in tile.split(":")), 3)[:5]
                 name = f"{method}[wide m{tile.replace(':', ',')}]"
             elif tile:
                 fp8_moe.TILE_N, fp8_moe.TILE_K = (int(v) for v in tile.split(":"))

@@ -795,7 +795,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help=f"the fp8 expert kernel's wide tiles (prefills) from this many rows a call (fp8_moe."
                          f"PREFILL_ROWS, the server's: {fp8_moe.PREFILL_ROWS}); 0: never (the decode's tiles always)")
     ap.add_argument("--fp8-prefill-tiles", default=None,
-                    help="the wide tiles themselves, TILE_M:TILE_N:TILE_K:warps:stages:swap (fp8_moe.PREFILL, the "
+                    help="the wide tiles themselves, TILE_M:TILE_N:TILE_K:warps:stages (fp8_moe.PREFILL, the "
                          f"server's: {':'.join(map(str, fp8_moe.PREFILL or ()))}), e.g. the fastest of bench_fp8.py "
                          "--prefill-tiles")
     ap.add_argument("--prefill-rows", type=int, default=PrefillGraphs.ROWS[-1],
@@ -838,8 +838,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         tiles = tuple(int(v) for v in args.fp8_prefill_tiles.split(":")) if args.fp8_prefill_tiles else None
     except ValueError:
         tiles = ()
-    if tiles is not None and (len(tiles) != 6 or min(tiles[:5]) < 1 or tiles[5] not in (0, 1)):
-        ap.error(f"--fp8-prefill-tiles takes TILE_M:TILE_N:TILE_K:warps:stages:swap, not {args.fp8_prefill_tiles!r}")
+    if tiles is not None and (len(tiles) != 5 or min(tiles) < 1):
+        ap.error(f"--fp8-prefill-tiles takes TILE_M:TILE_N:TILE_K:warps:stages, not {args.fp8_prefill_tiles!r}")
     if args.gpu_memory_gib is not None:
         cap(args.device, args.gpu_memory_gib)
     voice, tiny = None, False

@@ -98,29 +98,27 @@ def run_kernel_cases() -> None:
     from models.common import fp8_moe_kernel
 
     assert isinstance(fp8_moe_kernel.grouped_kernel, InterpretedFunction)
-    for wide in (None, (32, 64, 128, 4, 2, 0), (32, 64, 128, 4, 2, 1)):  # decode tiles; wide ones, plain and W x^T
+    for wide in (None, (32, 64, 128, 4, 2)):  # the decode's tiles; a prefill's wide ones (float32 dots off CUDA)
         fp8_moe.PREFILL, fp8_moe.PREFILL_ROWS = wide, 1
         for case in CASES:
             print("case", wide, case, flush=True)
             kernel_matches_reference(*case)
             dispatch_matches_reference(*case)
-    print(f"{len(CASES)} kernel cases passed, every tiling")
+    print(f"{len(CASES)} kernel cases passed, both tilings")
 
 
 def test_kernel_matches_reference_in_interpreter():
     env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, "OMP_NUM_THREADS": "1"}
     child = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stdout[-2000:] + child.stderr[-6000:]
-    assert f"{len(CASES)} kernel cases passed, every tiling" in child.stdout
+    assert f"{len(CASES)} kernel cases passed, both tilings" in child.stdout
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the wide tiles' 16-bit dot runs on CUDA")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("swap", [0, 1])
-def test_wide_tiles_with_16_bit_dots_match_the_reference_on_cuda(dtype, swap, monkeypatch):
+def test_wide_tiles_with_16_bit_dots_match_the_reference_on_cuda(dtype):
     """A prefill's rows (PREFILL_ROWS or more) take the wide tiles, their dots in x's dtype: the same float32 sums
-    as the reference's up to order, rounded once; gathered and scattered alike; as x W^T and as W x^T."""
-    monkeypatch.setattr(fp8_moe, "PREFILL", (*fp8_moe.PREFILL[:5], swap))
+    as the reference's up to order, rounded once; gathered and scattered alike."""
     counts = [700, 0, 1500, 5, 900, 0, 17, 1]
     x, q, scale, ends, split = make_case(counts, 400, 1100, 200, dtype)
     assert x.shape[0] >= fp8_moe.PREFILL_ROWS and fp8_moe.PREFILL is not None

@@ -19,10 +19,10 @@ import torch
 from . import fp8, fused
 
 TILE_M, TILE_N, TILE_K = 16, 64, 128
-# (TILE_M, TILE_N, TILE_K, warps, pipeline stages, swap: 1 computes W x^T) from PREFILL_ROWS rows a call (None:
-# never). One thinker layer on the H200: 0.67 -> 0.38 ms at 768 tokens, 0.38 -> 0.36 at 384 (3,072 rows); at 192
-# tokens the decode's tiles are faster (RESULTS.md)
-PREFILL, PREFILL_ROWS = (64, 128, 128, 4, 3, 0), 3072
+# (TILE_M, TILE_N, TILE_K, warps, pipeline stages) from PREFILL_ROWS rows a call (None: never). One thinker layer on
+# the H200: 0.67 -> 0.38 ms at 768 tokens, 0.38 -> 0.36 at 384 (3,072 rows); at 192 tokens the decode's tiles are
+# faster; no other tiling, stage count or W x^T order was faster at 768 or 1,536 tokens (RESULTS.md)
+PREFILL, PREFILL_ROWS = (64, 128, 128, 4, 3), 3072
 DISPATCH = True  # the gather and scatter inside the grouped kernels (False: torch ops around them)
 
 
@@ -101,7 +101,7 @@ def grouped_mm_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, end
     m = rows if gather is None else gather.order.numel()
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     wide = PREFILL is not None and m >= PREFILL_ROWS
-    bm, bn, bk, warps, stages, swap = PREFILL if wide else (TILE_M, TILE_N, TILE_K, 4, 3, 0)
+    bm, bn, bk, warps, stages = PREFILL if wide else (TILE_M, TILE_N, TILE_K, 4, 3)
     tiles = (m + (bm - 1) * min(e, m)) // bm  # >= the sum over experts of ceil(rows / bm)
     if tiles:
         order = y if dispatch is None else dispatch.order
@@ -110,5 +110,5 @@ def grouped_mm_triton(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, end
             x.contiguous(), w.contiguous(), scale.contiguous(), ends, y, order, weights,
             1 if dispatch is None else dispatch.top_k, n, k, split, -(-split // 128), scale.shape[1], scale.shape[2],
             e, 1 << (e - 1).bit_length(), bm, bn, bk, GATHER=gather is not None, SCATTER=scatter is not None,
-            LOW=wide and x.is_cuda and x.dtype != torch.float32, SWAP=bool(swap), num_warps=warps, num_stages=stages)
+            LOW=wide and x.is_cuda and x.dtype != torch.float32, num_warps=warps, num_stages=stages)
     return y

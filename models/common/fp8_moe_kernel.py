@@ -7,10 +7,9 @@ import triton.language as tl
 @triton.jit
 def grouped_kernel(x_ptr, w_ptr, s_ptr, ends_ptr, y_ptr, order_ptr, wt_ptr, top_k, n, k, split, split_blocks, s_rows,
                    s_cols, E: tl.constexpr, E2: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   GATHER: tl.constexpr, SCATTER: tl.constexpr, LOW: tl.constexpr, SWAP: tl.constexpr):
+                   GATHER: tl.constexpr, SCATTER: tl.constexpr, LOW: tl.constexpr):
     """GATHER: sorted row r reads x's row order[r] // top_k; SCATTER: it is written to y's row order[r], times the
-    routing weight wt[order[r]] (rounded as eager's multiply). SWAP: the tile is computed transposed, W x^T, so the
-    weight converted in registers is the dot's first operand (Hopper's wgmma reads that one from registers)."""
+    routing weight wt[order[r]] (rounded as eager's multiply)."""
     tile = tl.program_id(0)
     experts = tl.arange(0, E2)
     ends = tl.load(ends_ptr + experts, mask=experts < E, other=0)
@@ -31,7 +30,7 @@ def grouped_kernel(x_ptr, w_ptr, s_ptr, ends_ptr, y_ptr, order_ptr, wt_ptr, top_
     block_rows = tl.where(cols < split, cols // 128, split_blocks + (cols - split) // 128)
     w_rows = w_ptr + e.to(tl.int64) * n * k + cols[:, None] * k
     s_rows_ptr = s_ptr + (e.to(tl.int64) * s_rows + block_rows) * s_cols
-    acc = tl.zeros((BN, BM) if SWAP else (BM, BN), dtype=tl.float32)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, k, BK):
         ks = k0 + tl.arange(0, BK)
         xt = tl.load(x_ptr + src[:, None] * k + ks[None, :], mask=row_ok[:, None] & (ks[None, :] < k), other=0.0)
@@ -39,15 +38,9 @@ def grouped_kernel(x_ptr, w_ptr, s_ptr, ends_ptr, y_ptr, order_ptr, wt_ptr, top_
                      eviction_policy="evict_first")
         s = tl.load(s_rows_ptr + k0 // 128, mask=col_ok, other=0.0)
         if LOW:  # x's 16-bit dtype holds the fp8 values exactly; the products are exact in float32
-            wt = wt.to(xt.dtype)
+            acc += tl.dot(xt, tl.trans(wt.to(xt.dtype))) * s[None, :]
         else:  # bf16 and fp8 values are exact in tf32 (and the interpreter's bf16 dot is wrong)
-            xt, wt = xt.to(tl.float32), wt.to(tl.float32)
-        if SWAP:
-            acc += tl.dot(wt, tl.trans(xt)) * s[:, None]
-        else:
-            acc += tl.dot(xt, tl.trans(wt)) * s[None, :]
-    if SWAP:
-        acc = tl.trans(acc)
+            acc += tl.dot(xt.to(tl.float32), tl.trans(wt.to(tl.float32))) * s[None, :]
     y = acc.to(y_ptr.dtype.element_ty)
     dst = rows
     if SCATTER:
