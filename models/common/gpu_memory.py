@@ -1,9 +1,15 @@
-"""`--gpu-memory-gib`: a cap on what this process takes of a CUDA device, and what it leaves."""
+"""`--gpu-memory-gib`: a cap on what this process takes of a CUDA device, and what it leaves (for the KV caches)."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
+
+from .config import ConfigError, TextConfig
+
+log = logging.getLogger(__name__)
 
 
 def _index(device: str | torch.device) -> int:
@@ -40,3 +46,19 @@ def check_fits(model: nn.Module, device: str | torch.device, dtype: torch.dtype)
     if need > (free := free_gib(device)):
         raise ValueError(f"the weights alone need {need:.1f} GiB and {device} has {free:.1f} GiB free "
                          "(within --gpu-memory-gib, if given): give more, or --quantization fp8 for MoE experts")
+
+
+def kv_tokens(gib: float, headroom_gib: float, device: str, texts: dict[str, TextConfig], dtype: torch.dtype,
+              share: dict[str, float]) -> dict[str, int]:
+    """Cache tokens for each named decoder's KV in `gib` GiB (negative: what `device` has free within the cap, less
+    `headroom_gib`), `share[name]` tokens for each of the first's; one line (ConfigError) under 4,096 of them."""
+    gib = free_gib(device) - headroom_gib if gib < 0 else gib
+    per_token = {n: 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * dtype.itemsize
+                 for n, t in texts.items()}
+    first = gib * 2**30 / sum(share[n] * per_token[n] for n in texts)
+    if first < 4096:
+        raise ConfigError(f"{gib:.1f} GiB leaves no room for a KV cache of useful size (when not given: what the "
+                          f"weights leave free within --gpu-memory-gib, less {headroom_gib:g} GiB)")
+    tokens = {n: int(first * share[n]) for n in texts}
+    log.info("KV cache: %.1f GiB, %s", gib, ", ".join(f"{n} {t} tokens" for n, t in tokens.items()))
+    return tokens

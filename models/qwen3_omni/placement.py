@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 import torch
 
-from models.common.gpu_memory import free_gib
+from models.common.gpu_memory import kv_tokens
 from pipelines.kv_cache import KVLayout
 from pipelines.stage import StageConfig
 
-from .config import ConfigError
 from .model import Qwen3Omni
 
-log = logging.getLogger(__name__)
 STAGE_NAMES = ("audio_encoder", "thinker", "talker", "code2wav")  # pipeline order, also the run order
 TEXT_STAGES = STAGE_NAMES[:2]  # a checkpoint without a talker
 
@@ -82,19 +79,10 @@ def kv_layouts(model: Qwen3Omni, cfg: PipelineConfig) -> dict[str, KVLayout]:
     texts = {"thinker": model.cfg.thinker.text}
     if model.talker is not None:  # None also when another model's voice speaks
         texts["talker"] = model.cfg.talker.text
-    itemsize = torch.empty((), dtype=getattr(torch, cfg.dtype)).element_size()
-    per_token = {n: 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * itemsize for n, t in texts.items()}
     blocks = {n: cfg.stage(n).kv_blocks for n in texts}
     if cfg.kv_memory_gib is not None:
-        gib = free_gib(cfg.device) - KV_HEADROOM_GIB if cfg.kv_memory_gib < 0 else cfg.kv_memory_gib
         share = {n: 1.0 if n == "thinker" else TALKER_TOKEN_SHARE for n in texts}
-        thinker_tokens = gib * 2**30 / sum(share[n] * per_token[n] for n in texts)
-        if thinker_tokens < 4096:
-            raise ConfigError(f"{gib:.1f} GiB leaves no room for a KV cache of useful size (when not given: what "
-                              f"the weights leave free within --gpu-memory-gib, less {KV_HEADROOM_GIB:g} GiB)")
-        for name in texts:
-            blocks[name] = int(thinker_tokens * share[name]) // cfg.stage(name).block_size
-        log.info("KV cache: %.1f GiB, %s", gib,
-                 ", ".join(f"{n} {blocks[n] * cfg.stage(n).block_size} tokens" for n in texts))
+        tokens = kv_tokens(cfg.kv_memory_gib, KV_HEADROOM_GIB, cfg.device, texts, getattr(torch, cfg.dtype), share)
+        blocks = {n: tokens[n] // cfg.stage(n).block_size for n in texts}
     return {n: KVLayout(t.num_hidden_layers, t.num_key_value_heads, t.head_dim, blocks[n], cfg.stage(n).block_size,
                         getattr(torch, cfg.dtype), cfg.device) for n, t in texts.items()}

@@ -9,7 +9,7 @@ import torch
 
 from models.common.code2wav_step import Code2WavStep, Code2WavWork
 from models.common.fp8 import fp8_experts_
-from models.common.gpu_memory import free_gib
+from models.common.gpu_memory import kv_tokens
 from models.common.tokenizer import Tokenizer
 from pipelines.kv_cache import KVLayout, PagedKVCache
 from pipelines.pipeline import Emit, Pipeline
@@ -57,9 +57,8 @@ class TtsPipelineConfig:
         dtype = getattr(torch, self.dtype)
         blocks = sc.kv_blocks
         if self.kv_memory_gib is not None:
-            gib = free_gib(self.device) - KV_HEADROOM_GIB if self.kv_memory_gib < 0 else self.kv_memory_gib
-            per_token = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * dtype.itemsize
-            blocks = int(gib * 2**30 / per_token) // sc.block_size
+            tokens = kv_tokens(self.kv_memory_gib, KV_HEADROOM_GIB, self.device, {"talker": t}, dtype, {"talker": 1.0})
+            blocks = tokens["talker"] // sc.block_size
         return KVLayout(t.num_hidden_layers, t.num_key_value_heads, t.head_dim, blocks, sc.block_size, dtype,
                         self.device)
 
