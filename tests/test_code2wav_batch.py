@@ -148,8 +148,8 @@ def test_close_resets_the_slot(m):
     dec.push(slot, other[..., :2])
     dec.step(torch.tensor([slot, dec.scratch]), other[0, :, 2:4].T)
     dec.close(slot)
-    buffers = [dec.k[:, slot], dec.v[:, slot], dec.frames[slot], *(b[slot] for b in dec.tails.values()),
-               *(b[slot] for b in dec.pending.values())]
+    buffers = [dec.k[:, slot], dec.v[:, slot], dec.frames[slot], dec.embed_tail[slot],
+               *(b[slot] for b in dec.tails.values()), *(b[slot] for b in dec.pending.values())]
     assert all(not b.any() for b in buffers)
     assert dec.open() == slot
     again = [dec.push(slot, codes[..., :1])] + [dec.step(torch.tensor([slot]), codes[:, :, f]) for f in (1, 2, 3)]

@@ -105,6 +105,8 @@ class Code2WavSlots:
         self.embedding = emb if isinstance(emb, StreamingEmbedding) and emb.context else None
         width = (emb.channels, emb.context) if self.embedding is not None else (0, 0)
         self.embed_tail = torch.zeros(total, *width, device=device, dtype=dtype)
+        rows = (self.frames, self.embed_tail, *self.tails.values(), *self.pending.values())
+        self._state = [[self.k[:, s], self.v[:, s], *(b[s] for b in rows)] for s in range(total)]  # views, made once
         self._free = list(range(slots - 1, -1, -1))
         self._open: set[int] = set()
 
@@ -123,10 +125,7 @@ class Code2WavSlots:
         if slot not in self._open:
             raise ValueError(f"slot {slot} is not open")
         self._open.remove(slot)
-        for buf in (self.k, self.v):
-            buf[:, slot].zero_()
-        for buf in (self.frames, self.embed_tail, *self.tails.values(), *self.pending.values()):
-            buf[slot].zero_()
+        torch._foreach_zero_(self._state[slot])  # one torch call, not two for each of ~22 buffers
         self._free.append(slot)
 
     @torch.no_grad()
