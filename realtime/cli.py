@@ -60,7 +60,8 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-triton", action="store_true", help="run the steps on torch's kernels, not ours (Triton): "
                    "to compare, or to route around a misbehaving kernel (default: ours on CUDA)")
     p.add_argument("--kv-cache-gib", type=float, default=None, help="GiB for the model's KV caches on CUDA (default: "
-                   "what is free after the weights, within --gpu-memory-gib, less 12 GiB)")
+                   "what is free after the weights, within --gpu-memory-gib, less the model's headroom for CUDA "
+                   "graphs and activations: 4-12 GiB, README)")
     p.add_argument("--gpu-memory-gib", type=float, default=None,
                    help="on CUDA, the most GiB this process may take (weights, KV caches, CUDA graphs; more is an "
                         "out-of-memory error); refused on cpu (default: the whole device)")
