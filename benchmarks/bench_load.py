@@ -800,7 +800,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                          "--prefill-tiles")
     ap.add_argument("--prefill-rows", type=int, default=PrefillGraphs.ROWS[-1],
                     help="the most sequences one captured prefill call holds (PrefillGraphs.ROWS[-1], the server's: "
-                         f"{PrefillGraphs.ROWS[-1]}; a power of 2): more re-read each weight less in a burst")
+                         f"{PrefillGraphs.ROWS[-1]}; a power of 2): a burst round's new turns in fewer calls")
     ap.add_argument("--no-gc-freeze", action="store_true",
                     help="leave what was loaded in the collector's view (serve freezes it: realtime.server."
                          "freeze_loaded), to A/B its full collections' pauses (each level's gc field)")
