@@ -61,7 +61,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,7 @@ from aiohttp import web
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_pipeline import random_program, speech_like  # noqa: E402
+from benchmarks.gpu_trace import GpuTimeline, summarize  # noqa: E402
 from models.common import fp8_moe  # noqa: E402
 from models.common.fused import SWITCHES, use_triton  # noqa: E402
 from models.common.gpu_memory import cap  # noqa: E402
@@ -316,6 +317,7 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
     server.metrics.commit_input.observe = lambda s: (commit_input.append(s), observe_input(s))[-1]
     server.metrics.turn_timings = lambda t: (timings.append(t), record(t))[-1]
     handoff, rounds = timed_handoff(pipeline), timed_rounds(pipeline)
+    timeline = GpuTimeline(pipeline, lambda: len(rounds)) if args.trace_s else None
     lags: list[float] = []
     if not args.no_gc_freeze:
         freeze_loaded()  # as serve does once the model is loaded
@@ -368,7 +370,7 @@ async def run_levels(pipeline: Pipeline, args: argparse.Namespace, levels: list[
             compiled = triton_kernels()
             probe = asyncio.create_task(loop_lag(lags))
             traced = args.trace_s and args.trace_s[i % len(args.trace_s)] > 0
-            trace = asyncio.create_task(trace_window(pipeline, args, i)) if traced else None
+            trace = asyncio.create_task(trace_window(timeline, args, i)) if traced else None
             sessions = await clients(n, args.spread_s, args.turns, args.pause_s, args.timeout_s)
             probe.cancel()
             line = {**header, **policy, "bench": "load", "audio_seconds": args.audio_seconds,
@@ -528,20 +530,17 @@ async def loop_lag(lags: list[float]) -> None:
         lags.append(time.perf_counter() - start - LAG_PROBE_S)
 
 
-async def trace_window(pipeline: Pipeline, args: argparse.Namespace, level: int) -> dict:
+async def trace_window(timeline: GpuTimeline, args: argparse.Namespace, level: int) -> dict:
     """The GPU's timeline (benchmarks/gpu_trace.py) from --trace-at to --trace-at + --trace-s into the level."""
-    from benchmarks.gpu_trace import GpuTrace
-
     at, seconds = (xs[level % len(xs)] for xs in (args.trace_at, args.trace_s))
     await asyncio.sleep(at)
-    trace, loop = GpuTrace(pipeline), asyncio.get_running_loop()
-    with ThreadPoolExecutor(1) as one:  # the profiler starts and stops on one thread, off the server's loop
-        await loop.run_in_executor(one, trace.start)
-        try:
-            await asyncio.sleep(seconds)
-        finally:
-            summary = await loop.run_in_executor(one, trace.stop)
-    return {"at_s": at, "seconds": seconds, **summary}
+    timeline.on = True
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        timeline.on = False
+    spans = await asyncio.get_running_loop().run_in_executor(None, timeline.take)
+    return {"at_s": at, "seconds": seconds, **summarize(spans)}
 
 
 def audio_workers(server: Server, args: argparse.Namespace, level: int) -> int:
@@ -781,13 +780,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help=f"a new turn waits while a playing stream has less audio buffered (the server's: {FED_S}; "
                          "0: never); a comma-separated list cycles over the levels, as --urgent-s does")
     ap.add_argument("--trace-s", type=_floats,
-                    help="CUDA only: record the GPU's kernels for this many seconds of each level, from --trace-at "
-                         "into it, and add where the GPU's time went by stage and its idle gaps to the level's "
-                         "line (gpu_trace; benchmarks/gpu_trace.py); a comma-separated list cycles over the levels "
-                         "(0: none). Tracing slows the engine, and reading the trace out holds the GIL: a traced "
-                         "level's other numbers are not comparable")
+                    help="CUDA only: time each stage's batches on the GPU (CUDA events) for this many seconds of "
+                         "each level, from --trace-at into it, and add each stage's GPU time, the GPU's idle gaps "
+                         "and the longest rounds' GPU time by stage to the level's line (gpu_trace; "
+                         "benchmarks/gpu_trace.py); a comma-separated list cycles over the levels (0: none). Two "
+                         "events a batch cost some host time: a traced level's other numbers are not comparable")
     ap.add_argument("--trace-at", type=_floats, default=[0.0],
-                    help="seconds into each level the --trace-s window starts (default 0; a list cycles)")
+                    help="seconds into each level the --trace-s window starts (default 0; a list cycles); the clients "
+                         "speak for --audio-seconds first, so the engine's rounds start about then")
     ap.add_argument("--settle-s", type=_floats,
                     help=f"a stream that began playing less than this ago does not hold new turns back (the "
                          f"server's: {SETTLE_S}); a comma-separated list cycles over the levels, as --urgent-s does")

@@ -1,32 +1,44 @@
-"""A window of the GPU's timeline in a running server: which stage's kernels ran when, and when the GPU sat idle.
+"""A window of the GPU's timeline in a running server, from CUDA events: how long each stage's batches took on the
+GPU, which ran at once, where the GPU sat idle, and what the longest engine rounds spent it on.
 
-    trace = GpuTrace(pipeline)            # on a CUDA pipeline, in the server's process
-    trace.start(); ...; summary = trace.stop()
+    timeline = GpuTimeline(pipeline, round_of)  # wraps each stage's runner; records while timeline.on
+    timeline.on = True; ...; timeline.on = False
+    summary = summarize(timeline.take())
 
-torch.profiler records every kernel of the process (CUDA graph replays included) with its stream. A stage runs on
-a stream of its own (pipelines/stage.py), so a stream names its stage: at `start` the engine thread puts one spin
-kernel of a length of its own on each stage's stream, and the kernel's length says whose stream it ran on.
-`summarize` is the arithmetic, on plain tuples (tested on the CPU).
+A stage runs on a stream of its own (pipelines/stage.py) and ModelRunner.run launches a batch there, so two events
+around that call bracket the batch's kernels on the GPU (CUDA graph replays included), and two around a decode's
+read-back (an overlapping stage's `finish`) bracket what that launches. A stream reaches a start event once its
+earlier work is done, so a span is the batch's own GPU time, shared with whatever other streams ran beside it.
+Work a stage does outside its runner (scheduling, hand-offs) is not in any span. `summarize` is the arithmetic,
+on plain spans (tested on the CPU). A level's clients speak for --audio-seconds before they commit: the window
+starts after that (bench_load's --trace-at) to see the engine's rounds at all.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-MARK = "spin_kernel"  # in the name of torch.cuda._sleep's kernel
-MARK_CYCLES = 200_000  # stage i's mark spins (i + 1) times this (about 0.1 ms each at the H200's clock)
-STEP_GAP_NS = 300_000  # a stage's kernels with no gap this long between them are one step
+IDLE_NS = 200_000  # gaps in the GPU's work shorter than this are not counted as idle
 
 
 @dataclass(frozen=True)
-class Kernel:
-    name: str
-    stream: int
+class Span:
+    stage: str
+    kind: str  # "prefill", "decode" or "finish" (a decode's read-back)
+    rows: int
+    tokens: int  # new inputs of the batch
+    round: int  # the engine iteration it ran in
     start_ns: int
     end_ns: int
+
+    @property
+    def ns(self) -> int:
+        return self.end_ns - self.start_ns
 
 
 def union_ns(spans: list[tuple[int, int]]) -> int:
@@ -52,90 +64,107 @@ def idle_gaps_ns(spans: list[tuple[int, int]]) -> list[int]:
     return gaps
 
 
-def steps_ns(spans: list[tuple[int, int]], gap_ns: int = STEP_GAP_NS) -> list[tuple[int, int]]:
-    """The spans grouped into steps: a gap longer than `gap_ns` starts a new one; each step's (start, end)."""
-    steps: list[list[int]] = []
-    for start, end in sorted(spans):
-        if steps and start - steps[-1][1] <= gap_ns:
-            steps[-1][1] = max(steps[-1][1], end)
-        else:
-            steps.append([start, end])
-    return [(a, b) for a, b in steps]
-
-
-def stage_of_streams(kernels: list[Kernel], stages: list[str]) -> dict[int, str]:
-    """Stream -> stage, from the marks: the k-th shortest mark ran on stage k's stream."""
-    marks = sorted((k for k in kernels if MARK in k.name), key=lambda k: k.end_ns - k.start_ns)
-    return {k.stream: stages[i] for i, k in enumerate(marks[: len(stages)])}
-
-
-def _pct(xs: list[int], q: float) -> float:
+def _pct(xs: list[float], q: float) -> float:
     return sorted(xs)[min(len(xs) - 1, int(q / 100 * len(xs)))] if xs else 0.0
 
 
-def summarize(kernels: list[Kernel], stages: list[str], top: int = 8) -> dict:
-    """Per stage: kernels, busy ms (their union) and share of the window, its steps (kernels with no gap over
-    STEP_GAP_NS between them) and their lengths, the kernels taking most time; for the
-    whole GPU: busy share, the time two or more stages ran at once, and the idle gaps (count over 0.2 ms, p50,
-    p95, max, total)."""
-    names = stage_of_streams(kernels, stages)
-    work = [k for k in kernels if MARK not in k.name]
-    if not work:
-        return {"kernels": 0}
-    t0, t1 = min(k.start_ns for k in work), max(k.end_ns for k in work)
+def _ms(ns: float) -> float:
+    return round(ns / 1e6, 2)
+
+
+def summarize(spans: list[Span], top: int = 3) -> dict:
+    """Per stage and kind of batch: count, GPU ms p50 / p95 / max, tokens p50 (rows p50 for decodes); per stage its
+    busy ms (the union of its spans) and share of the window; for the whole GPU: busy share, the time two or more
+    stages ran at once, the idle gaps (count over IDLE_NS, p50, p95, max, total); and the `top` rounds whose GPU
+    work spread longest: that extent, the GPU's busy ms in it, and per stage [GPU ms, prefill tokens]."""
+    if not spans:
+        return {"spans": 0}
+    t0, t1 = min(s.start_ns for s in spans), max(s.end_ns for s in spans)
     window = max(1, t1 - t0)
-    by_stage: dict[str, list[Kernel]] = defaultdict(list)
-    for k in work:
-        by_stage[names.get(k.stream, f"stream {k.stream}")].append(k)
-    out: dict = {"window_ms": round(window / 1e6, 1), "kernels": len(work), "stages": {}}
-    for stage, ks in sorted(by_stage.items()):
-        busy = union_ns([(k.start_ns, k.end_ns) for k in ks])
-        totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-        for k in ks:
-            t = totals[k.name[:70]]
-            t[0] += (k.end_ns - k.start_ns) / 1e6
-            t[1] += 1
-        heavy = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
-        steps = steps_ns([(k.start_ns, k.end_ns) for k in ks])
-        lengths = [b - a for a, b in steps]
-        out["stages"][stage] = {"kernels": len(ks), "busy_ms": round(busy / 1e6, 1),
-                                "busy_frac": round(busy / window, 3), "steps": len(steps),
-                                "step_ms_p50_p95": [round(_pct(lengths, q) / 1e6, 2) for q in (50, 95)],
-                                "top": [[name, round(ms, 2), n] for name, (ms, n) in heavy]}
-    spans = [(k.start_ns, k.end_ns) for k in work]
-    busy = union_ns(spans)
-    per_stage = sum(union_ns([(k.start_ns, k.end_ns) for k in ks]) for ks in by_stage.values())
-    gaps = [g for g in idle_gaps_ns(spans) if g > 200_000]
-    out.update(busy_frac=round(busy / window, 3), overlap_ms=round((per_stage - busy) / 1e6, 1),
-               idle_gaps_over_0_2ms=len(gaps),
-               idle_ms_p50_p95_max=[round(_pct(gaps, q) / 1e6, 2) for q in (50, 95, 100)],
-               idle_ms_total=round(sum(gaps) / 1e6, 1))
+    out: dict[str, Any] = {"window_ms": _ms(window), "spans": len(spans), "stages": {}}
+    by_stage: dict[str, list[Span]] = defaultdict(list)
+    for s in spans:
+        by_stage[s.stage].append(s)
+    for stage, ss in by_stage.items():
+        busy = union_ns([(s.start_ns, s.end_ns) for s in ss])
+        row: dict[str, Any] = {"busy_ms": _ms(busy), "busy_frac": round(busy / window, 3)}
+        for kind in ("prefill", "decode", "finish"):
+            ks = [s for s in ss if s.kind == kind]
+            if ks:
+                size = [s.tokens if kind == "prefill" else s.rows for s in ks]
+                row[kind] = {"n": len(ks), "ms_p50_p95_max": [_ms(_pct([s.ns for s in ks], q)) for q in (50, 95, 100)],
+                             ("tokens_p50" if kind == "prefill" else "rows_p50"): _pct(size, 50)}
+        out["stages"][stage] = row
+    pairs = [(s.start_ns, s.end_ns) for s in spans]
+    busy = union_ns(pairs)
+    gaps = [g for g in idle_gaps_ns(pairs) if g > IDLE_NS]
+    out.update(busy_frac=round(busy / window, 3),
+               overlap_ms=_ms(sum(union_ns([(s.start_ns, s.end_ns) for s in ss]) for ss in by_stage.values()) - busy),
+               idle_gaps=len(gaps), idle_ms_p50_p95_max=[_ms(_pct(gaps, q)) for q in (50, 95, 100)],
+               idle_ms_total=_ms(sum(gaps)))
+    rounds: dict[int, list[Span]] = defaultdict(list)
+    for s in spans:
+        rounds[s.round].append(s)
+    longest = sorted(rounds.values(), key=lambda ss: max(s.end_ns for s in ss) - min(s.start_ns for s in ss))
+    out["longest_rounds"] = [_round(ss) for ss in longest[::-1][:top]]
     return out
 
 
-class GpuTrace:
-    """torch.profiler over CUDA kernels for a window of a live pipeline (pipelines.pipeline.Pipeline)."""
+def _round(ss: list[Span]) -> dict:
+    stages: dict[str, list[float]] = {}
+    for s in ss:
+        part = stages.setdefault(s.stage, [0.0, 0])
+        part[0] += s.ns
+        part[1] += s.tokens if s.kind == "prefill" else 0
+    return {"gpu_ms": _ms(max(s.end_ns for s in ss) - min(s.start_ns for s in ss)),
+            "busy_ms": _ms(union_ns([(s.start_ns, s.end_ns) for s in ss])),
+            "stages": {k: [_ms(ns), int(tokens)] for k, (ns, tokens) in stages.items()}}
 
-    def __init__(self, pipeline: object) -> None:
-        self.pipeline = pipeline
-        self.prof: torch.profiler.profile | None = None
 
-    def start(self) -> None:
-        self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
-        self.prof.__enter__()
-        self.pipeline.request(self._mark).result(60)
+class GpuTimeline:
+    """Events around each stage's batches in a live CUDA pipeline (pipelines.pipeline.Pipeline) while `on`;
+    `round_of()` names the engine iteration a batch runs in."""
 
-    def _mark(self) -> None:
-        for i, stage in enumerate(self.pipeline.stages):
-            if stage.stream is not None:
-                with torch.cuda.stream(stage.stream):
-                    torch.cuda._sleep((i + 1) * MARK_CYCLES)
+    def __init__(self, pipeline: Any, round_of: Callable[[], int]) -> None:
+        self.on = False
+        self.round_of = round_of
+        self._events: list[tuple[str, str, int, int, int, torch.cuda.Event, torch.cuda.Event]] = []
+        for stage in pipeline.stages:
+            stage.runner.run = self._wrap(stage.name, stage.runner.run)
 
-    def stop(self) -> dict:
-        prof, self.prof = self.prof, None
-        prof.__exit__(None, None, None)
-        kernels = [Kernel(e.name(), e.device_resource_id(), e.start_ns(), e.end_ns())
-                   for e in prof.profiler.kineto_results.events()
-                   if e.device_type() == torch.autograd.DeviceType.CUDA and e.duration_ns() > 0]
-        stages = [s.name for s in self.pipeline.stages if s.stream is not None]
-        return summarize(kernels, stages)
+    def _wrap(self, name: str, run: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def timed(batch: Any) -> Any:
+            if not self.on:
+                return run(batch)
+            start = _event()
+            finish = run(batch)
+            kind = "prefill" if batch.prefill else "decode"
+            self._events.append((name, kind, len(batch.works), sum(batch.lengths), self.round_of(), start, _event()))
+            if finish is None:
+                return None
+
+            def read_back() -> None:
+                begin = _event()
+                finish()
+                self._events.append((name, "finish", len(batch.works), 0, self.round_of(), begin, _event()))
+
+            return read_back
+
+        return timed
+
+    def take(self) -> list[Span]:
+        """The spans recorded so far (waits for their events), from the first's start; the record starts anew."""
+        events, self._events = self._events, []
+        if not events:
+            return []
+        for *_, end in events:
+            end.synchronize()
+        base = events[0][5]
+        return [Span(name, kind, rows, tokens, r, int(base.elapsed_time(a) * 1e6), int(base.elapsed_time(b) * 1e6))
+                for name, kind, rows, tokens, r, a, b in events]
+
+
+def _event() -> torch.cuda.Event:
+    e = torch.cuda.Event(enable_timing=True)
+    e.record()
+    return e

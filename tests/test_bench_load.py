@@ -20,7 +20,7 @@ import torch
 
 from benchmarks import bench_load
 from benchmarks.bench_load import EAGER_S, SEAL, START_BUFFER_S, Player, main
-from benchmarks.gpu_trace import STEP_GAP_NS, Kernel, idle_gaps_ns, steps_ns, summarize, union_ns
+from benchmarks.gpu_trace import Span, idle_gaps_ns, summarize, union_ns
 from models.common import fp8_moe
 from models.qwen3_omni.audio_stream import AudioStream
 from pipelines.graphs import PrefillGraphs
@@ -165,26 +165,28 @@ def test_the_commit_probe_times_each_commits_steps_in_order() -> None:
     assert len(lines) == 2 and all(x["errors"] == 0 and x["seal"] for x in lines)
 
 
-def test_gpu_trace_names_streams_by_their_marks_and_measures_busy_and_idle_time() -> None:
-    """benchmarks/gpu_trace.py's arithmetic: the shorter mark names the first stage's stream; busy time is the
-    union of a stage's kernels; two stages at once count as overlap; gaps over 0.2 ms are idle; a gap over
-    STEP_GAP_NS starts a new step."""
+def test_gpu_trace_times_stages_rounds_and_idle_gaps() -> None:
+    """benchmarks/gpu_trace.py's arithmetic: a stage's busy time is the union of its spans; two stages at once count
+    as overlap; gaps over IDLE_NS are idle; a round's extent runs from its first span's start to its last's end, and
+    its stages' GPU ms and prefill tokens add up."""
     ms = 1_000_000
-    kernels = [Kernel("spin_kernel(long)", 5, 0, 2 * ms // 10), Kernel("x::spin_kernel(long)", 9, 0, ms // 10),
-               Kernel("gemm", 9, 1 * ms, 3 * ms), Kernel("gemm", 9, 2 * ms, 4 * ms),  # overlapping: 3 ms busy
-               Kernel("conv", 5, 3 * ms, 5 * ms),  # beside the second gemm for 1 ms
-               Kernel("gemm", 9, 6 * ms, 7 * ms)]  # after 1 ms of nothing: a new step, an idle gap
-    out = summarize(kernels, ["thinker", "talker"])
-    assert out["kernels"] == 4 and out["window_ms"] == 6.0
+    spans = [Span("thinker", "prefill", 4, 900, 0, 0, 3 * ms), Span("thinker", "decode", 64, 64, 0, 2 * ms, 4 * ms),
+             Span("talker", "prefill", 4, 600, 0, 3 * ms, 5 * ms),  # beside the decode for 1 ms
+             Span("talker", "decode", 60, 60, 1, 6 * ms, 7 * ms)]  # after 1 ms of nothing: idle
+    out = summarize(spans, top=2)
+    assert out["spans"] == 4 and out["window_ms"] == 7.0
     thinker, talker = out["stages"]["thinker"], out["stages"]["talker"]
-    assert (thinker["busy_ms"], thinker["steps"], thinker["step_ms_p50_p95"]) == (4.0, 2, [3.0, 3.0])
-    assert thinker["top"] == [["gemm", 5.0, 3]]
-    assert (talker["busy_ms"], talker["steps"], talker["top"]) == (2.0, 1, [["conv", 2.0, 1]])
-    assert out["busy_frac"] == round(5 / 6, 3) and out["overlap_ms"] == 1.0
-    assert (out["idle_gaps_over_0_2ms"], out["idle_ms_total"]) == (1, 1.0)
+    assert (thinker["busy_ms"], thinker["busy_frac"]) == (4.0, round(4 / 7, 3))
+    assert thinker["prefill"] == {"n": 1, "ms_p50_p95_max": [3.0, 3.0, 3.0], "tokens_p50": 900}
+    assert thinker["decode"] == {"n": 1, "ms_p50_p95_max": [2.0, 2.0, 2.0], "rows_p50": 64}
+    assert talker["busy_ms"] == 3.0 and "finish" not in talker
+    assert out["busy_frac"] == round(6 / 7, 3) and out["overlap_ms"] == 1.0
+    assert (out["idle_gaps"], out["idle_ms_total"], out["idle_ms_p50_p95_max"]) == (1, 1.0, [1.0, 1.0, 1.0])
+    first, second = out["longest_rounds"]
+    assert first == {"gpu_ms": 5.0, "busy_ms": 5.0, "stages": {"thinker": [5.0, 900], "talker": [2.0, 600]}}
+    assert second == {"gpu_ms": 1.0, "busy_ms": 1.0, "stages": {"talker": [1.0, 0]}}
     assert union_ns([(0, 2), (1, 3), (5, 6)]) == 4 and idle_gaps_ns([(0, 2), (1, 3), (5, 6)]) == [2]
-    assert steps_ns([(0, 10), (11, 20), (20 + STEP_GAP_NS + 1, 20 + STEP_GAP_NS + 5)]) == [
-        (0, 20), (20 + STEP_GAP_NS + 1, 20 + STEP_GAP_NS + 5)]
+    assert summarize([]) == {"spans": 0}
 
 
 def test_short_replies_say_which_limit_they_fell_short_of():
