@@ -33,6 +33,7 @@ class PrefillKV:
     def __init__(self, cache: PagedKVCache, buffers: Tensors) -> None:
         self.k, self.v = cache.k, cache.v
         self.write_slots = buffers["write_slots"].reshape(-1)
+        self.pad = self.write_slots == cache.scratch_slot  # padding tokens (KVCache.pad): no real token writes there
         bs = cache.layout.block_size
         table = buffers["block_table"].long()
         key_pos = torch.arange(table.shape[1] * bs, device=table.device)

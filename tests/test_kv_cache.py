@@ -96,6 +96,9 @@ def test_step_rows_name_each_tokens_slot_and_refuse_an_unreserved_token():
             assert list(got["positions"][r]) == list(range(length, length + tokens))
             assert list(got["block_table"][r]) == blocks + [0] * (7 - len(blocks))
             assert got["seq_lens"][r] == length + n
+        if tokens > 1:  # PrefillKV.pad: the padding tokens, row by row (MoE routes them to no expert)
+            view = kv_views.PrefillKV(cache, {k: torch.as_tensor(v) for k, v in got.items()})
+            assert view.pad.tolist() == [t >= n for n in new for t in range(tokens)]
     assert {k: v.shape for k, v in kv_views.rows(cache, [], 6).items()} == {
         "positions": (0, 1), "write_slots": (0, 1), "block_table": (0, 6), "seq_lens": (0,)}
     cache.reserve("g", 4)

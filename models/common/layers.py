@@ -81,7 +81,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, p
 
 
 class KVCache(Protocol):
-    """What an attention layer needs from a cache. The runtime supplies a paged implementation."""
+    """What an attention layer needs from a cache. The runtime supplies a paged implementation. One may also have
+    `pad` [B * T] bool: the padding tokens of a fixed-shape step, whose outputs nothing reads (MoE skips them)."""
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """Store k, v [B, T, Hkv, D] for `layer` after what is cached, attend q over all of it causally."""
@@ -140,8 +141,8 @@ class SwiGLU(nn.Module):
         self.gate_up = Linear(hidden, 2 * intermediate, bias=False)
         self.down_proj = Linear(intermediate, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(fused.silu_mul(self.gate_up(x)))
+    def forward(self, x: torch.Tensor, pad: torch.Tensor | None = None) -> torch.Tensor:
+        return self.down_proj(fused.silu_mul(self.gate_up(x)))  # dense: padding costs what it costs
 
 
 class Experts(nn.Module):
@@ -196,11 +197,17 @@ class MoE(nn.Module):
         self.shared_expert = SwiGLU(hidden, shared) if shared else None
         self.shared_expert_gate = Linear(hidden, 1, bias=False) if shared else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pad: torch.Tensor | None = None) -> torch.Tensor:
+        """`pad` [N] (KVCache.pad): those tokens go to no expert (an id past the last sorts after every copy and
+        is in no expert's rows), and their routed output is 0."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         weights, idx = fused.route(self.gate(x), self.top_k, self.norm_topk)
+        if pad is not None:
+            idx = idx.masked_fill(pad[:, None], self.experts.w13.shape[0])
         out = self.experts(x, idx, weights.to(x.dtype))
+        if pad is not None:
+            out = out.masked_fill(pad[:, None], 0)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out.reshape(shape)
@@ -229,7 +236,7 @@ class DecoderLayer(nn.Module):
         pre, post = self.input_layernorm, self.post_attention_layernorm
         x, h = (x, pre(x)) if delta is None else fused.add_rms_norm(delta, x, pre.weight, pre.eps)
         x, h = fused.add_rms_norm(self.self_attn(h, cos, sin, layer, cache), x, post.weight, post.eps)
-        return x, self.mlp(h)
+        return x, self.mlp(h, getattr(cache, "pad", None))
 
 
 def text_layer(cfg: TextConfig | CodePredictorConfig, moe: bool) -> DecoderLayer:
