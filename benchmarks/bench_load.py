@@ -801,6 +801,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--prefill-rows", type=int, default=PrefillGraphs.ROWS[-1],
                     help="the most sequences one captured prefill call holds (PrefillGraphs.ROWS[-1], the server's: "
                          f"{PrefillGraphs.ROWS[-1]}; a power of 2): a burst round's new turns in fewer calls")
+    ap.add_argument("--prefill-contexts", type=_ints, default=list(PrefillGraphs.CONTEXTS),
+                    help="the captured prefills' context buckets, comma-separated and rising (PrefillGraphs.CONTEXTS, "
+                         f"the server's: {','.join(map(str, PrefillGraphs.CONTEXTS))}): how wide a new turn's "
+                         "attention is")
     ap.add_argument("--no-gc-freeze", action="store_true",
                     help="leave what was loaded in the collector's view (serve freezes it: realtime.server."
                          "freeze_loaded), to A/B its full collections' pauses (each level's gc field)")
@@ -834,6 +838,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         ap.error(f"--no-triton: unknown kernels {sorted(triton_off - set(SWITCHES))}; known: {', '.join(SWITCHES)}")
     if args.prefill_rows < 1 or args.prefill_rows & (args.prefill_rows - 1):
         ap.error(f"--prefill-rows must be a power of 2, not {args.prefill_rows}")
+    if min(args.prefill_contexts) < 1 or sorted(set(args.prefill_contexts)) != args.prefill_contexts:
+        ap.error(f"--prefill-contexts must rise, each above 0, not {args.prefill_contexts}")
     try:
         tiles = tuple(int(v) for v in args.fp8_prefill_tiles.split(":")) if args.fp8_prefill_tiles else None
     except ValueError:
@@ -850,7 +856,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         voice = random_voice(args.device, args.dtype) if args.voice_model == "random" and not args.tiny \
             else build_voice("tiny-tts" if tiny else args.voice_model, args.device, args.dtype)
     streams = {"max_batch": args.stream_batch} if args.stream_batch else {}
-    wide, rows = (fp8_moe.PREFILL, fp8_moe.PREFILL_ROWS), PrefillGraphs.ROWS
+    wide, rows, contexts = (fp8_moe.PREFILL, fp8_moe.PREFILL_ROWS), PrefillGraphs.ROWS, PrefillGraphs.CONTEXTS
+    PrefillGraphs.CONTEXTS = tuple(args.prefill_contexts)
     fp8_moe.PREFILL = None if args.fp8_wide_rows <= 0 else tiles or fp8_moe.PREFILL
     fp8_moe.PREFILL_ROWS = max(1, args.fp8_wide_rows)
     PrefillGraphs.ROWS = tuple(1 << i for i in range(args.prefill_rows.bit_length()))
@@ -859,7 +866,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     header["stream_batch"] = program.by_name["code2wav"].cfg.max_batch if "code2wav" in program.by_name else None
     header["thinker_overlap"] = not args.no_overlap
     header.update(fp8_wide_rows=args.fp8_wide_rows if fp8_moe.PREFILL else 0, gc_freeze=not args.no_gc_freeze,
-                  fp8_prefill_tiles=list(fp8_moe.PREFILL or ()), prefill_rows=PrefillGraphs.ROWS[-1])
+                  fp8_prefill_tiles=list(fp8_moe.PREFILL or ()), prefill_rows=PrefillGraphs.ROWS[-1],
+                  prefill_contexts=list(PrefillGraphs.CONTEXTS))
     header["triton"], header["triton_off"] = not triton_off, sorted(triton_off)
     header["voice_model"] = "tiny-tts" if args.voice_model and tiny else args.voice_model or "qwen3-omni talker"
     header["play_ahead_s"] = args.play_ahead_s
@@ -882,7 +890,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         InputStream.EAGER_S = EAGER_S
         torch.set_num_threads(threads)
         sys.setswitchinterval(switch_s)
-        (fp8_moe.PREFILL, fp8_moe.PREFILL_ROWS), PrefillGraphs.ROWS = wide, rows
+        (fp8_moe.PREFILL, fp8_moe.PREFILL_ROWS), PrefillGraphs.ROWS, PrefillGraphs.CONTEXTS = wide, rows, contexts
     print(table(lines), file=sys.stderr)
     return lines
 

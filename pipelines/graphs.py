@@ -200,14 +200,14 @@ class PrefillGraphs:
     over a context bucket; one GraphRunner per shape."""
 
     TOKENS = (32, 64, 96, 128, 512)  # new tokens per sequence (96: a first turn of a 3 s question is 86)
-    CONTEXTS = (1024, 4096)  # cached + new tokens per sequence
+    CONTEXTS = (256, 1024, 4096)  # cached + new tokens per sequence (256: first turns attend over a quarter of 1024)
     ROWS = (1, 2, 4, 8, 16)  # 16: a burst round's dozen new turns in one call (burst p95 366-408 ms, 413-418 at 8)
 
     def __init__(self, name: str, step: Callable[[Tensors], Tensors], inputs: Callable[[int, int], dict[str, Input]],
                  block_size: int, device: torch.device, graphs: bool) -> None:
         self.runners = {
             (t, c): GraphRunner(f"{name}[{t}x{c}]", step, inputs(t, c // block_size), device, self.ROWS, graphs)
-            for t in self.TOKENS for c in self.CONTEXTS
+            for t in self.TOKENS for c in self.CONTEXTS if t <= c
         }
 
     def capture(self, pool: object | None) -> object | None:
@@ -216,15 +216,19 @@ class PrefillGraphs:
         return pool
 
     def shape(self, new: int, context: int) -> tuple[int, int] | None:
-        """The smallest (tokens, context) buckets that hold a sequence, or None (it runs eagerly)."""
+        """The smallest (tokens, context) buckets that hold a sequence, or None (it runs eagerly); no narrower
+        context than tokens (those shapes are not made)."""
         t = next((t for t in self.TOKENS if t >= new), None)
-        c = next((c for c in self.CONTEXTS if c >= context), None)
+        c = next((c for c in self.CONTEXTS if c >= max(context, t or 0)), None)
         return None if t is None or c is None else (t, c)
 
     def groups(self, items: list[tuple[object, tuple[int, int]]]) -> list[tuple[tuple[int, int], list]]:
-        """Items with their shapes -> (shape, items) calls of at most ROWS[-1] items each."""
-        by_shape: dict[tuple[int, int], list] = {}
-        for item, shape in items:
-            by_shape.setdefault(shape, []).append(item)
+        """Items with their shapes -> (shape, items) calls of at most ROWS[-1] items each: one token bucket a call,
+        each call at the widest context among its items (one call, not one per context), wider contexts first so that
+        the narrower ones are left together."""
+        by_tokens: dict[int, list[tuple[object, int]]] = {}
+        for item, (t, c) in sorted(items, key=lambda it: -it[1][1]):
+            by_tokens.setdefault(t, []).append((item, c))
         top = self.ROWS[-1]
-        return [(shape, group[i : i + top]) for shape, group in by_shape.items() for i in range(0, len(group), top)]
+        calls = [(t, group[i : i + top]) for t, group in by_tokens.items() for i in range(0, len(group), top)]
+        return [((t, max(c for _, c in call)), [item for item, _ in call]) for t, call in calls]

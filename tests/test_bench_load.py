@@ -100,7 +100,8 @@ def test_the_policy_flags_cycle_over_the_levels(capsys: pytest.CaptureFixture) -
     lines = main(["--tiny", "--device", "cpu", "--sessions", "1,1,1", "--audio-seconds", "0.5", "--text-tokens", "2",
                   "--frames", "3", "--timeout-s", "60", "--decode-after-prefill", "1,0", "--fed-s", "0,0.1,0.2",
                   "--seal", "0,1,0", "--eager-input-s", "0,0.2", "--stream-batch", "3", "--clients-in-process",
-                  "--threads", "1", "--gil-switch-ms", "0.5,0.1", "--fp8-wide-rows", "0", "--prefill-rows", "4"])
+                  "--threads", "1", "--gil-switch-ms", "0.5,0.1", "--fp8-wide-rows", "0", "--prefill-rows", "4",
+                  "--prefill-contexts", "1024,4096"])
     policies = [(x["urgent_s"], x["decode_after_prefill"], x["fed_s"], x["seal"], x["eager_input_s"],
                  x["gil_switch_ms"]) for x in lines]
     assert policies == [(0.0, True, 0.0, False, 0.0, 0.5), (0.25, False, 0.1, True, 0.2, 0.1),
@@ -108,6 +109,7 @@ def test_the_policy_flags_cycle_over_the_levels(capsys: pytest.CaptureFixture) -
     assert AudioStream.seal is SEAL and InputStream.EAGER_S == EAGER_S  # the server's own once the benchmark is done
     assert all(x["fp8_wide_rows"] == 0 for x in lines) and fp8_moe.PREFILL and fp8_moe.PREFILL_ROWS == 3072
     assert all(x["prefill_rows"] == 4 for x in lines) and PrefillGraphs.ROWS == (1, 2, 4, 8, 16)
+    assert all(x["prefill_contexts"] == [1024, 4096] for x in lines) and PrefillGraphs.CONTEXTS == (256, 1024, 4096)
     assert sys.getswitchinterval() == switch_s
     assert all(x["threads"] == 1 for x in lines) and torch.get_num_threads() == threads
     assert all(x["stream_batch"] == 3 for x in lines)

@@ -138,3 +138,21 @@ def test_sixteen_sequences_prefill_in_one_captured_call_exactly_as_eagerly():
     assert graph.keys() == eager.keys()
     for k in graph:
         assert torch.equal(graph[k], eager[k]), k
+
+
+def test_prefill_calls_hold_one_token_bucket_at_the_widest_context_among_them():
+    """PrefillGraphs.groups: a burst's first turns (context 256) share a call with a later turn's (1024) at 1024
+    rather than take two; where more calls are needed the wider contexts fill the first and the narrower are left
+    together; token buckets never share a call; no shape has more new tokens than context (512 x 256 is not made)."""
+    fixed = PrefillGraphs.__new__(PrefillGraphs)  # groups and shape read only the buckets
+    first, later = fixed.shape(86, 86), fixed.shape(90, 400)
+    assert (first, later, fixed.shape(300, 300), fixed.shape(600, 700)) == ((96, 256), (96, 1024), (512, 1024), None)
+    assert fixed.groups([("a", first), ("b", later), ("c", first), ("d", fixed.shape(20, 20))]) == [
+        ((96, 1024), ["b", "a", "c"]), ((32, 256), ["d"])]
+    many = [(f"w{i}", later if i % 4 == 0 else first) for i in range(20)]  # 5 later turns, 15 first ones
+    ordered = [f"w{i}" for i in range(0, 20, 4)] + [f"w{i}" for i in range(20) if i % 4]
+    assert fixed.groups(many) == [((96, 1024), ordered[:16]), ((96, 256), ordered[16:])]
+    assert max(PrefillGraphs.TOKENS) > min(PrefillGraphs.CONTEXTS)  # so the rule below is not empty
+    assert fixed.shape(200, 200) == (512, 1024)  # 200 new tokens take the 512 bucket: 256 cannot hold it
+    assert all(t <= c for t, c in filter(None, (fixed.shape(n, n + cached) for n in range(1, 600, 7)
+                                                for cached in (0, 100, 900))))
