@@ -200,7 +200,7 @@ class PrefillGraphs:
     over a context bucket; one GraphRunner per shape."""
 
     TOKENS = (32, 64, 96, 128, 512)  # new tokens per sequence (96: a first turn of a 3 s question is 86)
-    CONTEXTS = (256, 1024, 4096)  # cached + new tokens per sequence (256: first turns attend over a quarter of 1024)
+    CONTEXTS = (256, 1024, 4096)  # cached + new tokens (256 for first turns: burst p95 203-222 ms, not 257-280)
     ROWS = (1, 2, 4, 8, 16)  # 16: a burst round's dozen new turns in one call (burst p95 366-408 ms, 413-418 at 8)
 
     def __init__(self, name: str, step: Callable[[Tensors], Tensors], inputs: Callable[[int, int], dict[str, Input]],

@@ -14,7 +14,7 @@ import pytest
 from openai.types.realtime import ResponseCreateEvent, SessionUpdateEvent
 from pydantic import ValidationError
 
-from benchmarks.turn_corpus import utterance
+from benchmarks.turn_corpus import available, utterance
 from models.registry import build_pipeline
 from realtime.server import ServerConfig
 from realtime.session import Limits
@@ -253,6 +253,7 @@ def test_failed_transcription_sends_failed_and_the_session_goes_on():
         asyncio.run(go())
 
 
+@pytest.mark.skipif(not available(), reason="needs espeak-ng and sox (.ci/run installs them)")
 def test_pipecat_realtime_stt_gets_a_transcript_per_utterance(server):
     """pipecat's OpenAIRealtimeSTTService (a real client, pinned in the test extras) against the server."""
     from pipecat.frames.frames import InputAudioRawFrame, TranscriptionFrame

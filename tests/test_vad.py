@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.turn_corpus import utterance
+from benchmarks.turn_corpus import available, utterance
 from realtime.audio import AudioFormat, to_model_rate
 from realtime.silero import SileroStream
 from realtime.smart_turn import ENV
@@ -135,6 +135,7 @@ def test_semantic_eagerness_changes_stop_time(monkeypatch: pytest.MonkeyPatch, t
     assert stops["auto"] - stops["high"] == 256 and stops["low"] - stops["auto"] == 512  # 8, 16, 32 frames
 
 
+@pytest.mark.skipif(not available(), reason="needs espeak-ng and sox (.ci/run installs them)")
 def test_two_turns_and_reset_origin() -> None:
     """Two espeak-ng sentences in one stream (Silero's recurrent state adapts to the synthetic voice above, which
     then stops counting as speech in a second turn: real speech does not)."""
